@@ -1,0 +1,3 @@
+from overlapcheck.cli import main
+
+main()
