@@ -1,0 +1,144 @@
+"""The activities the metrics measure: GPU kernels/copies, or, for a gloo (CPU-only) run, CPU lanes.
+
+Each activity has an interval, a class (compute / comm / memcpy / memset), a collective kind, the lane it ran
+on (CUDA stream, or CPU thread) and the profiler step that issued it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.trace import classify as C
+from overlapcheck.trace.model import CPU_OP, TraceModel
+
+
+@dataclass
+class Activities:
+    start: np.ndarray
+    end: np.ndarray
+    cls: np.ndarray
+    coll: np.ndarray
+    lane: np.ndarray
+    step: np.ndarray  # ProfilerStep number, -1 when none
+    lanes: str  # "gpu" or "cpu"
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def activities_of(model: TraceModel) -> Activities:
+    """GPU activity when the trace has any; else the gloo CPU lanes; else nothing."""
+    if len(model.gpu):
+        g = model.gpu
+        launch = launch_times(model)
+        return Activities(g.start, g.end, g.cls, g.coll, g.stream, step_of(model, launch), "gpu")
+    gloo = gloo_threads(model)
+    if gloo:
+        return cpu_activities(model, gloo)
+    empty = np.zeros(0)
+    return Activities(empty, empty, empty.astype(np.int8), empty.astype(np.int8), empty.astype(np.int64),
+                      empty.astype(np.int64), "gpu")  # fmt: skip
+
+
+def launch_times(model: TraceModel) -> np.ndarray:
+    """CPU time at which each GPU activity was issued: its runtime call (same correlation id), else its `ac2g`
+    flow start, else its own start."""
+    g = model.gpu
+    launch = g.start.copy()
+    found = np.zeros(len(g), dtype=bool)
+    for table in (model.runtime, model.flows):
+        if not len(table):
+            continue
+        corr, first = np.unique(table.correlation, return_index=True)
+        i = np.searchsorted(corr, g.correlation)
+        i = np.minimum(i, len(corr) - 1)
+        hit = (~found) & (g.correlation >= 0) & (corr[i] == g.correlation)
+        launch[hit] = table.start[first[i[hit]]]
+        found |= hit
+    return launch
+
+
+def step_of(model: TraceModel, times: np.ndarray) -> np.ndarray:
+    """The ProfilerStep number whose CPU span [start, end) contains each time, -1 if none."""
+    s = model.steps
+    out = np.full(len(times), -1, dtype=np.int64)
+    if not len(s):
+        return out
+    i = np.searchsorted(s.start, times, side="right") - 1
+    ok = i >= 0
+    ok[ok] = times[ok] < s.end[i[ok]]
+    out[ok] = s.number[i[ok]]
+    return out
+
+
+def gloo_threads(model: TraceModel) -> set[int]:
+    """Thread indices of gloo's `pt_gloo_runloop` communication threads."""
+    return {i for i, (_, _, name) in enumerate(model.threads) if "pt_gloo_runloop" in name}
+
+
+_COLLECTIVE_OP = re.compile(r"^(?:c10d::|record_param_comms)")
+_WAIT_OP = re.compile(r"wait", re.IGNORECASE)
+
+
+def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
+    """A gloo run: `gloo:*` annotations on the gloo threads are communication; leaf `cpu_op`s on the other
+    threads, minus the time inside collective or wait ops, are compute. The collective of each gloo annotation
+    is that of the `c10d::` op that issued it (gloo runs a reduce-scatter as an all-reduce), matched in order."""
+    o = model.ops
+    names = np.array(model.names, dtype=object)
+    op_names = names[o.name] if len(o) else np.zeros(0, dtype=object)
+    on_gloo = np.isin(o.thread, list(gloo))
+    is_gloo_ann = on_gloo & np.array([n.startswith("gloo:") for n in op_names], dtype=bool)
+    is_coll_op = ~on_gloo & np.array([bool(_COLLECTIVE_OP.match(n)) for n in op_names], dtype=bool)
+    is_wait = ~on_gloo & np.array([bool(_WAIT_OP.search(n)) for n in op_names], dtype=bool)
+
+    comm_idx = np.flatnonzero(is_gloo_ann)
+    comm_idx = comm_idx[np.argsort(o.start[comm_idx], kind="stable")]
+    coll = _match_issuers(o, op_names, comm_idx, np.flatnonzero(is_coll_op & (o.kind == CPU_OP)))
+
+    leaves = _leaf_ops(o, ~on_gloo & (o.kind == CPU_OP) & ~is_coll_op & ~is_wait)
+    blocked = iv.union(o.start[is_coll_op | is_wait], o.end[is_coll_op | is_wait])
+    compute = iv.subtract(iv.union(o.start[leaves], o.end[leaves]), blocked)
+
+    n_comm, n_comp = len(comm_idx), len(compute)
+    start = np.concatenate([o.start[comm_idx], compute.starts])
+    end = np.concatenate([o.end[comm_idx], compute.ends])
+    cls = np.concatenate([np.full(n_comm, C.COMM, np.int8), np.full(n_comp, C.COMPUTE, np.int8)])
+    colls = np.concatenate([coll, np.full(n_comp, C.NO_COLLECTIVE, np.int8)])
+    lane = np.concatenate([o.thread[comm_idx].astype(np.int64), np.full(n_comp, -1, np.int64)])
+    note = ("CPU-only gloo run: communication = gloo:* annotations on pt_gloo_runloop threads, "
+            "compute = leaf cpu_ops on the other threads (lane -1)")  # fmt: skip
+    return Activities(start, end, cls, colls, lane, step_of(model, start), "cpu", [note])
+
+
+def _match_issuers(o, op_names: np.ndarray, comm_idx: np.ndarray, issuer_idx: np.ndarray) -> np.ndarray:
+    """Collective kind of each gloo annotation: the earliest unmatched issuing c10d op that started before it."""
+    issuers = sorted(issuer_idx.tolist(), key=lambda i: o.start[i])
+    out = np.empty(len(comm_idx), dtype=np.int8)
+    j = 0
+    for k, ci in enumerate(comm_idx.tolist()):
+        kind = None
+        if j < len(issuers) and o.start[issuers[j]] <= o.start[ci]:
+            kind = C.collective_from_arg(op_names[issuers[j]].split("::")[-1].rstrip("_"))
+            j += 1
+        kind = kind or C.collective_from_arg(op_names[ci].split(":", 1)[1]) or "other"
+        out[k] = C.COLLECTIVES.index(kind)
+    return out
+
+
+def _leaf_ops(o, candidates: np.ndarray) -> np.ndarray:
+    """Indices of candidate ops that contain no other candidate op on the same thread."""
+    idx = np.flatnonzero(candidates)
+    if not len(idx):
+        return idx
+    order = np.lexsort((-o.end[idx], o.start[idx], o.thread[idx]))
+    idx = idx[order]
+    nxt_same = np.append(o.thread[idx][1:] == o.thread[idx][:-1], False)
+    nxt_start = np.append(o.start[idx][1:], np.inf)
+    is_leaf = ~nxt_same | (nxt_start >= o.end[idx])
+    return idx[is_leaf]

@@ -1,0 +1,135 @@
+"""The overlap metrics of one rank, per collective and per step. Definitions: docs/metrics.md (kept in sync)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.analysis.activities import Activities, activities_of
+from overlapcheck.trace import classify as C
+from overlapcheck.trace.model import TraceModel
+from overlapcheck.trace.reader import rank_of
+
+ALL = "all"
+COLLECTIVE_KEYS = (ALL, *C.COLLECTIVES)
+
+
+def split(comm: iv.Intervals, compute: iv.Intervals, count: int) -> dict[str, Any]:
+    """count, time_us = |C|, overlapped_us = |C ∩ P|, exposed_us = time − overlapped, overlap = overlapped / time."""
+    time_us = iv.length(comm)
+    overlapped = iv.intersection_length(comm, compute) if time_us else 0.0
+    return {
+        "count": int(count),
+        "time_us": time_us,
+        "overlapped_us": overlapped,
+        "exposed_us": time_us - overlapped,
+        "overlap": overlapped / time_us if time_us > 0 else None,
+    }
+
+
+def collectives(acts: Activities, mask: np.ndarray, compute: iv.Intervals) -> dict[str, dict[str, Any]]:
+    """The split for `all` and every collective kind, over the communication activities selected by `mask`."""
+    comm = mask & (acts.cls == C.COMM)
+    out = {ALL: split(iv.union(acts.start[comm], acts.end[comm]), compute, int(comm.sum()))}
+    for k, kind in enumerate(C.COLLECTIVES):
+        sel = comm & (acts.coll == k)
+        out[kind] = split(iv.union(acts.start[sel], acts.end[sel]), compute, int(sel.sum()))
+    return out
+
+
+def copies(acts: Activities, mask: np.ndarray, cls: int, busy_other: iv.Intervals) -> dict[str, Any]:
+    """count, time_us = |M|, exposed_us = |M − (compute ∪ communication)| for memcpy or memset."""
+    sel = mask & (acts.cls == cls)
+    m = iv.union(acts.start[sel], acts.end[sel])
+    return {"count": int(sel.sum()), "time_us": iv.length(m), "exposed_us": iv.length(iv.subtract(m, busy_other))}
+
+
+def analyze_model(model: TraceModel) -> dict[str, Any]:
+    """The RANK document (docs/report-schema.md) of one trace."""
+    acts = activities_of(model)
+    everything = np.ones(len(acts), dtype=bool)
+    is_compute, is_comm = acts.cls == C.COMPUTE, acts.cls == C.COMM
+    compute = iv.union(acts.start[is_compute], acts.end[is_compute])
+    comm_all = iv.union(acts.start[is_comm], acts.end[is_comm])
+    compute_or_comm = iv.combine(compute, comm_all)
+    busy = iv.union(acts.start, acts.end)
+    span = float(acts.end.max() - acts.start.min()) if len(acts) else 0.0
+
+    steps = [_step(model, acts, i, compute, compute_or_comm) for i in range(len(model.steps))]
+    steps = [s for s in steps if s is not None]
+    rank_collectives = collectives(acts, everything, compute)
+    if steps:
+        step_time = sum(s["duration_us"] for s in steps)
+        step_exposed = sum(s["collectives"][ALL]["exposed_us"] for s in steps)
+    else:
+        step_time, step_exposed = span, rank_collectives[ALL]["exposed_us"]
+
+    info = model.distributed
+    notes = list(model.notes) + acts.notes
+    if not len(acts):
+        notes.append("no GPU kernels and no gloo communication threads: nothing to measure, overlap is null")
+    elif not is_comm.any():
+        notes.append("no communication kernels: overlap is null")
+    if len(model.steps) == 0 and len(acts):
+        notes.append("no ProfilerStep annotations: per-step numbers are not available")
+    return {
+        "rank": rank_of(model),
+        "source": model.source,
+        "world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
+        "backend": info.get("backend") if isinstance(info.get("backend"), str) else None,
+        "host": model.metadata.get("host_name") if isinstance(model.metadata.get("host_name"), str) else None,
+        "lanes": acts.lanes,
+        "span_us": span,
+        "busy_us": iv.length(busy),
+        "compute_us": iv.length(compute),
+        "idle_us": span - iv.length(busy),
+        "step_time_us": step_time,
+        "exposed_share": step_exposed / step_time if step_time > 0 and is_comm.any() else None,
+        "collectives": rank_collectives,
+        "memcpy": copies(acts, everything, C.MEMCPY, compute_or_comm),
+        "memset": copies(acts, everything, C.MEMSET, compute_or_comm),
+        "streams": _streams(acts),
+        "steps": steps,
+        "notes": notes,
+    }
+
+
+def _step(model: TraceModel, acts: Activities, i: int, compute: iv.Intervals,
+          compute_or_comm: iv.Intervals) -> dict[str, Any] | None:  # fmt: skip
+    number = int(model.steps.number[i])
+    mask = acts.step == number
+    cpu_duration = float(model.steps.end[i] - model.steps.start[i])
+    if mask.any():
+        start = float(acts.start[mask].min())
+        duration = float(acts.end[mask].max()) - start
+    else:
+        start, duration = float(model.steps.start[i]), cpu_duration
+    own_compute = mask & (acts.cls == C.COMPUTE)
+    split_ = collectives(acts, mask, compute)
+    return {
+        "step": number,
+        "start_us": start,
+        "duration_us": duration,
+        "cpu_duration_us": cpu_duration,
+        "compute_us": iv.length(iv.union(acts.start[own_compute], acts.end[own_compute])),
+        "exposed_share": split_[ALL]["exposed_us"] / duration if duration > 0 and split_[ALL]["count"] else None,
+        "collectives": split_,
+        "memcpy": copies(acts, mask, C.MEMCPY, compute_or_comm),
+        "memset": copies(acts, mask, C.MEMSET, compute_or_comm),
+    }
+
+
+def _streams(acts: Activities) -> list[dict[str, Any]]:
+    out = []
+    for lane in np.unique(acts.lane):
+        sel = acts.lane == lane
+        counts = np.bincount(acts.cls[sel].astype(np.int64), minlength=len(C.CLASS_NAMES))
+        out.append({
+            "stream": int(lane),
+            "kernels": int(sel.sum()),
+            "busy_us": iv.length(iv.union(acts.start[sel], acts.end[sel])),
+            "classes": {name: int(n) for name, n in zip(C.CLASS_NAMES, counts, strict=True)},
+        })  # fmt: skip
+    return out

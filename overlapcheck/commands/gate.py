@@ -1,0 +1,78 @@
+"""`overlapcheck gate`: fail a CI build when communication becomes less hidden (exit 0 pass, 1 fail, 2 bad input)."""
+
+from __future__ import annotations
+
+import click
+
+from overlapcheck.errors import UserError
+from overlapcheck.report.gate import (
+    ACROSS,
+    GateConfig,
+    append_step_summary,
+    exit_code,
+    load_report,
+    parse_fraction,
+    parse_min_overlap,
+    parse_regressions,
+    parse_us,
+    render_table,
+    run_checks,
+    verdict_line,
+)
+
+
+@click.command("gate")
+@click.argument("report_path", metavar="REPORT.json")
+@click.option("--baseline", "baseline_path", metavar="BASE.json",
+              help="Compare with this report (see `overlapcheck baseline save`).")
+@click.option("--min-overlap", multiple=True, metavar="KIND=FRACTION",
+              help="Require collectives.KIND.overlap >= FRACTION (0.8 or 80%); repeatable. KIND: all, "
+                   "reduce_scatter, all_gather, all_reduce, ...")
+@click.option("--max-exposed-share", metavar="FRACTION",
+              help="Require exposed communication / step time <= FRACTION.")
+@click.option("--max-exposed-regression", multiple=True, metavar="[KIND=]PERCENT",
+              help="Allowed growth of exposed communication per step over the baseline (default all=10% "
+                   "when --baseline is given); repeatable.")
+@click.option("--ignore-below-us", default="100", show_default=True, metavar="US",
+              help="Never fail a regression smaller than this many µs per step (noise floor).")
+@click.option("--across", type=click.Choice(ACROSS), default="worst", show_default=True,
+              help="Reduce ranks to their worst rank or their median rank before comparing.")
+@click.option("--junit", "junit_path", metavar="FILE", help="Write JUnit XML, one test case per check.")
+@click.option("--markdown", "markdown_path", metavar="FILE", help="Write a Markdown summary.")
+@click.pass_context
+def command(ctx: click.Context, report_path: str, baseline_path: str | None, min_overlap: tuple[str, ...],
+            max_exposed_share: str | None, max_exposed_regression: tuple[str, ...], ignore_below_us: str,
+            across: str, junit_path: str | None, markdown_path: str | None) -> None:
+    """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline."""
+    from rich.console import Console
+
+    from overlapcheck.report.html import write_text_atomic
+    from overlapcheck.report.junit import render_junit
+    from overlapcheck.report.markdown import render_markdown
+
+    config = GateConfig(
+        min_overlap=parse_min_overlap(min_overlap),
+        max_exposed_share=(parse_fraction(max_exposed_share, "--max-exposed-share")
+                           if max_exposed_share is not None else None),
+        max_exposed_regression=parse_regressions(max_exposed_regression),
+        ignore_below_us=parse_us(ignore_below_us, "--ignore-below-us"),
+        across=across,
+    )
+    if not (config.min_overlap or config.max_exposed_share is not None or baseline_path):
+        raise UserError("nothing to check: give --baseline, --min-overlap or --max-exposed-share")
+    report = load_report(report_path)
+    baseline = load_report(baseline_path) if baseline_path else None
+    checks = run_checks(report, config, baseline)
+
+    console = Console(highlight=False)
+    console.print(render_table(checks))
+    code = exit_code(checks)
+    console.print(verdict_line(checks), style="bold green" if code == 0 else "bold red")
+
+    markdown = render_markdown(checks, report_path, baseline_path)
+    if junit_path:
+        write_text_atomic(junit_path, render_junit(checks), overwrite=True)
+    if markdown_path:
+        write_text_atomic(markdown_path, markdown, overwrite=True)
+    append_step_summary(markdown)
+    ctx.exit(code)

@@ -1,0 +1,342 @@
+"""The CI regression gate: checks an `overlapcheck.report/1` document against thresholds and a baseline.
+
+How checks treat ranks (documented in docs/ci-gate.md):
+- every check reduces the per-rank values to one number, either the *worst* rank (default: the lowest
+  overlap, the highest exposed share or exposed time) or the *median* rank (`across="median"`);
+- `min-overlap.<kind>`: `collectives.<kind>.overlap` of the rank (whole trace) >= the threshold;
+- `max-exposed-share`: the rank's `exposed_share` <= the threshold;
+- `exposed-regression.<kind>`: exposed communication of that kind *per profiled step* (the mean over the
+  rank's steps, or the whole trace when it has none) may grow over the baseline by at most
+  `max(relative * baseline, ignore_below_us)`, so sub-noise changes never fail a build.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from overlapcheck.errors import UserError
+
+SCHEMA_PREFIX = "overlapcheck.report/"
+SUPPORTED_MAJOR = 1
+COLLECTIVE_KINDS = ("all", "reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv",
+                    "broadcast", "other")
+ACROSS = ("worst", "median")
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one gate check; `id` is stable (JUnit test case name), `name` is for people."""
+
+    id: str
+    name: str
+    passed: bool
+    measured: str
+    limit: str
+    detail: str = ""
+
+
+@dataclass
+class GateConfig:
+    """What the gate checks. Fractions are in [0, 1]; regressions are relative (0.1 = +10 %)."""
+
+    min_overlap: dict[str, float] = field(default_factory=dict)
+    max_exposed_share: float | None = None
+    max_exposed_regression: dict[str, float] = field(default_factory=dict)
+    ignore_below_us: float = 100.0
+    across: str = "worst"
+
+
+# ----------------------------------------------------------------------------------------------- input
+
+
+def load_report(path: str) -> dict:
+    """Read and minimally validate a report document; any problem is a UserError (exit code 2)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise UserError("no such file", path) from None
+    except IsADirectoryError:
+        raise UserError("is a directory, expected a report .json file", path) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror}", path) from None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"not JSON ({exc})".splitlines()[0], path) from None
+    validate_report(doc, path)
+    return doc
+
+
+def validate_report(doc: object, path: str | None = None) -> None:
+    """Raise UserError unless `doc` looks like an `overlapcheck.report/1` document."""
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+        raise UserError(f"not an overlapcheck report (expected \"schema\": \"{SCHEMA_PREFIX}"
+                        f"{SUPPORTED_MAJOR}\")", path)
+    major = schema[len(SCHEMA_PREFIX):].split(".")[0]
+    if major != str(SUPPORTED_MAJOR):
+        raise UserError(f"report schema {schema!r} is not supported; this overlapcheck reads "
+                        f"{SCHEMA_PREFIX}{SUPPORTED_MAJOR}", path)
+    ranks = doc.get("ranks")
+    if not isinstance(ranks, list):
+        raise UserError("malformed report: 'ranks' is not a list", path)
+    for i, rank in enumerate(ranks):
+        if not isinstance(rank, dict) or not isinstance(rank.get("collectives"), dict):
+            raise UserError(f"malformed report: ranks[{i}] has no 'collectives'", path)
+        if not isinstance(rank.get("rank"), int):
+            raise UserError(f"malformed report: ranks[{i}] has no integer 'rank'", path)
+
+
+def parse_fraction(text: str, what: str, allow_over_one: bool = False) -> float:
+    """'0.8' or '80%' -> 0.8. A bare number must lie in [0, 1]; a percentage may exceed 100 % if allowed."""
+    raw = text.strip()
+    percent = raw.endswith("%")
+    try:
+        value = float(raw[:-1] if percent else raw)
+    except ValueError:
+        raise UserError(f"{what}: {text!r} is not a number (write 0.8 or 80%)") from None
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"{what}: {text!r} must be a finite, non-negative number")
+    if percent:
+        value /= 100.0
+    elif value > 1:
+        raise UserError(f"{what}: {text!r} is above 1; write a fraction (0.1) or a percentage (10%)")
+    if value > 1 and not allow_over_one:
+        raise UserError(f"{what}: {text!r} is above 100%")
+    return value
+
+
+def _kind(name: str, what: str) -> str:
+    kind = name.strip().replace("-", "_")
+    if kind not in COLLECTIVE_KINDS:
+        raise UserError(f"{what}: unknown collective {name!r} (one of {', '.join(COLLECTIVE_KINDS)})")
+    return kind
+
+
+def parse_min_overlap(items: Iterable[str]) -> dict[str, float]:
+    """['reduce_scatter=0.8', 'all=70%'] -> {'reduce_scatter': 0.8, 'all': 0.7}."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"--min-overlap: {item!r} is not KIND=FRACTION (e.g. reduce_scatter=0.8)")
+        out[_kind(name, "--min-overlap")] = parse_fraction(value, f"--min-overlap {name.strip()}")
+    return out
+
+
+def parse_regressions(items: Iterable[str]) -> dict[str, float]:
+    """['10%'] -> {'all': 0.1}; ['all_gather=25%'] -> {'all_gather': 0.25}."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        kind = _kind(name, "--max-exposed-regression") if sep else "all"
+        out[kind] = parse_fraction(value, "--max-exposed-regression", allow_over_one=True)
+    return out
+
+
+def parse_us(text: str, what: str) -> float:
+    """A non-negative number of microseconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"{what}: {text!r} is not a number of microseconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"{what}: {text!r} must be a finite, non-negative number of microseconds")
+    return value
+
+
+# ------------------------------------------------------------------------------------------- per rank
+
+
+def rank_overlap(rank: dict, kind: str) -> float | None:
+    """`collectives.<kind>.overlap` of one rank (None when it has no such communication)."""
+    return _num((rank.get("collectives") or {}).get(kind, {}).get("overlap"))
+
+
+def rank_exposed_share(rank: dict) -> float | None:
+    return _num(rank.get("exposed_share"))
+
+
+def rank_exposed_per_step(rank: dict, kind: str) -> float:
+    """Exposed communication of `kind` per profiled step (µs): the mean over steps, else the whole trace."""
+    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict)]
+    values = [_num((s.get("collectives") or {}).get(kind, {}).get("exposed_us")) or 0.0 for s in steps]
+    if values:
+        return sum(values) / len(values)
+    return _num((rank.get("collectives") or {}).get(kind, {}).get("exposed_us")) or 0.0
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A per-rank metric reduced across ranks: the value, which rank it is ('median' has none), and N."""
+
+    value: float | None
+    rank: int | None
+    ranks: int
+
+    def where(self, across: str) -> str:
+        if self.value is None:
+            return "no rank defines it"
+        if across == "median":
+            return f"median of {self.ranks} rank{'s' if self.ranks != 1 else ''}"
+        return f"worst rank {self.rank} of {self.ranks}"
+
+
+def reduce_ranks(report: dict, metric: Callable[[dict], float | None], across: str,
+                 higher_is_worse: bool) -> Reduced:
+    """Reduce `metric` over the report's ranks (ignoring ranks where it is None)."""
+    pairs = [(r["rank"], v) for r in report.get("ranks", []) if (v := metric(r)) is not None]
+    if not pairs:
+        return Reduced(None, None, 0)
+    if across == "median":
+        return Reduced(statistics.median(v for _, v in pairs), None, len(pairs))
+    pick = max if higher_is_worse else min
+    rank, value = pick(pairs, key=lambda p: p[1])
+    return Reduced(value, rank, len(pairs))
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def fmt_pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def fmt_us(value: float | None) -> str:
+    """Microseconds for people: 850 µs, 12.3 ms, 1.20 s."""
+    if value is None:
+        return "n/a"
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:.2f} s"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:.1f} ms"
+    return f"{value:.0f} µs"
+
+
+def run_checks(report: dict, config: GateConfig, baseline: dict | None = None) -> list[Check]:
+    """Every check the configuration asks for, in a stable order (inputs, thresholds, regressions)."""
+    if config.across not in ACROSS:
+        raise UserError(f"--across must be one of {', '.join(ACROSS)}")
+    if config.max_exposed_regression and baseline is None:
+        raise UserError("--max-exposed-regression needs --baseline BASE.json")
+    checks = [_inputs_check(report)]
+    for kind, threshold in config.min_overlap.items():
+        checks.append(_min_overlap_check(report, kind, threshold, config.across))
+    if config.max_exposed_share is not None:
+        checks.append(_exposed_share_check(report, config.max_exposed_share, config.across))
+    if baseline is not None:
+        for kind, rel in (config.max_exposed_regression or {"all": 0.10}).items():
+            checks.append(_regression_check(report, baseline, kind, rel, config))
+    return checks
+
+
+def exit_code(checks: list[Check]) -> int:
+    """0 when every check passed, 1 otherwise."""
+    return 0 if all(c.passed for c in checks) else 1
+
+
+def _inputs_check(report: dict) -> Check:
+    errors = report.get("errors") or []
+    n = len(report.get("ranks") or [])
+    if not n:
+        return Check("inputs", "inputs read", False, "0 ranks", "≥ 1 rank, no unreadable input",
+                     "the report has no ranks: nothing was measured")
+    if errors:
+        sources = ", ".join(str(e.get("source", "?")) for e in errors[:3] if isinstance(e, dict))
+        more = f" and {len(errors) - 3} more" if len(errors) > 3 else ""
+        return Check("inputs", "inputs read", False, f"{n} ranks, {len(errors)} unreadable",
+                     "≥ 1 rank, no unreadable input", f"could not read {sources}{more}")
+    return Check("inputs", "inputs read", True, f"{n} rank{'s' if n != 1 else ''}",
+                 "≥ 1 rank, no unreadable input")
+
+
+def _min_overlap_check(report: dict, kind: str, threshold: float, across: str) -> Check:
+    red = reduce_ranks(report, lambda r: rank_overlap(r, kind), across, higher_is_worse=False)
+    name = f"{kind} overlap ({across})"
+    limit = f"≥ {fmt_pct(threshold)}"
+    if red.value is None:
+        return Check(f"min-overlap.{kind}", name, False, "n/a", limit,
+                     f"no rank has {kind} communication, so its overlap is not measured")
+    return Check(f"min-overlap.{kind}", name, red.value >= threshold, fmt_pct(red.value), limit,
+                 red.where(across))
+
+
+def _exposed_share_check(report: dict, threshold: float, across: str) -> Check:
+    red = reduce_ranks(report, rank_exposed_share, across, higher_is_worse=True)
+    name = f"exposed share of step time ({across})"
+    limit = f"≤ {fmt_pct(threshold)}"
+    if red.value is None:
+        return Check("max-exposed-share", name, True, "n/a", limit,
+                     "no rank has communication: nothing is exposed")
+    return Check("max-exposed-share", name, red.value <= threshold, fmt_pct(red.value), limit,
+                 red.where(across))
+
+
+def _regression_check(report: dict, baseline: dict, kind: str, rel: float, config: GateConfig) -> Check:
+    def metric(r: dict) -> float:
+        return rank_exposed_per_step(r, kind)
+
+    cur = reduce_ranks(report, metric, config.across, higher_is_worse=True)
+    base = reduce_ranks(baseline, metric, config.across, higher_is_worse=True)
+    name = f"{kind} exposed per step vs baseline ({config.across})"
+    limit = f"≤ +{rel * 100:.0f}% (or +{fmt_us(config.ignore_below_us)})"
+    cur_v, base_v = cur.value or 0.0, base.value or 0.0
+    delta = cur_v - base_v
+    allowed = max(rel * base_v, config.ignore_below_us)
+    change = f"{delta / base_v * 100:+.1f}%" if base_v > 0 else f"{'+' if delta >= 0 else '-'}{fmt_us(abs(delta))}"
+    measured = f"{fmt_us(cur_v)} vs {fmt_us(base_v)} ({change})"
+    detail = f"{cur.where(config.across)}; baseline {base.where(config.across)}"
+    if delta > 0 and delta <= allowed and delta > rel * base_v:
+        detail += f"; +{fmt_us(delta)} is under the {fmt_us(config.ignore_below_us)} noise floor"
+    if cur.ranks != base.ranks and cur.ranks and base.ranks:
+        detail += f"; rank count differs ({cur.ranks} vs {base.ranks})"
+    return Check(f"exposed-regression.{kind}", name, delta <= allowed, measured, limit, detail)
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def render_table(checks: list[Check]):
+    """A rich Table of the checks (rich is imported here, not at module import)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="overlapcheck gate", title_justify="left", header_style="bold")
+    for col in ("result", "check", "measured", "limit", "detail"):
+        table.add_column(col, overflow="fold")
+    for c in checks:
+        result = Text("PASS", style="bold green") if c.passed else Text("FAIL", style="bold red")
+        table.add_row(result, Text(c.name), Text(c.measured), Text(c.limit), Text(c.detail, style="dim"))
+    return table
+
+
+def verdict_line(checks: list[Check]) -> str:
+    failed = sum(not c.passed for c in checks)
+    if not failed:
+        return f"gate: PASS ({len(checks)} check{'s' if len(checks) != 1 else ''})"
+    return f"gate: FAIL ({failed} of {len(checks)} checks failed)"
+
+
+def append_step_summary(markdown: str, env: dict[str, str] | None = None) -> str | None:
+    """Append to $GITHUB_STEP_SUMMARY when it is set; returns the path written, if any."""
+    path = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return None
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    except OSError as exc:
+        raise UserError(f"cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", path) from None
+    return path

@@ -1,0 +1,47 @@
+"""The subset of a Kineto event that overlapcheck reads; msgspec skips every other field without building it."""
+
+from __future__ import annotations
+
+import msgspec
+
+Id = int | str | None
+
+
+class Args(msgspec.Struct, frozen=True):
+    """Event args used by the analysis and the diagnosis (old and new Kineto spellings)."""
+
+    stream: Id = None
+    correlation: int | None = None
+    device: Id = None
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    external_id_old: int | None = msgspec.field(default=None, name="external id")
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    pg_name: Id = msgspec.field(default=None, name="Process Group Name")
+    pg_id: Id = msgspec.field(default=None, name="Process Group ID")
+    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    in_size: int | None = msgspec.field(default=None, name="In msg size")
+    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    dtype: str | None = None
+    name: str | None = None  # thread_name / process_name metadata
+    sync_kind: str | None = msgspec.field(default=None, name="cuda_sync_kind")
+    wait_on_stream: int | None = None
+    wait_on_event_corr: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
+    nbytes: int | None = msgspec.field(default=None, name="bytes")
+
+
+class Event(msgspec.Struct, frozen=True):
+    """One trace event. `ph` X = complete, M = metadata, s/f = flow start/finish, i = instant."""
+
+    ph: str = ""
+    cat: str | None = None
+    name: str | None = ""
+    pid: Id = None
+    tid: Id = None
+    ts: float | None = None
+    dur: float | None = None
+    id: Id = None
+    args: Args | None = None
+
+
+EVENTS_DECODER = msgspec.json.Decoder(list[Event], strict=False)

@@ -1,0 +1,220 @@
+"""Stream the events of a Chrome-trace JSON file in pieces, never holding the whole file in memory.
+
+A trace is either `{"traceEvents": [...], ...metadata...}` or, from torch 1.8, a bare `[...]` event list. We
+read the (possibly gzipped) bytes in chunks, find the byte ranges of complete event objects with a vectorized
+scan of the JSON structure (braces and brackets outside strings), and hand each run of complete events to a
+typed msgspec decoder. Everything outside the event array (a few KB of metadata) is decoded once at the end.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import msgspec
+import numpy as np
+
+from overlapcheck.errors import UserError
+
+CHUNK = 16 << 20
+
+_OPEN = np.zeros(256, dtype=np.int8)
+_OPEN[ord("{")] = _OPEN[ord("[")] = 1
+_OPEN[ord("}")] = _OPEN[ord("]")] = -1
+_KEY_BEFORE = re.compile(rb'"traceEvents"\s*:\s*$')
+_QUOTE, _BACKSLASH = 34, 92
+
+
+def open_bytes(path: str) -> IO[bytes]:
+    """Open a `.json` or `.json.gz` trace for binary reading (gzip is detected by its magic bytes)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    except FileNotFoundError:
+        raise UserError("no such file", path) from None
+    except IsADirectoryError:
+        raise UserError("is a directory, not a trace file", path) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror}", path) from None
+    if f.read(2) == b"\x1f\x8b":
+        f.seek(0)
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    f.seek(0)
+    return f
+
+
+def _structure(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of `{ } [ ]` outside strings in `buf`, and the nesting depth after each (relative to buf start).
+
+    `buf` must start outside any string.
+    """
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    quotes = np.flatnonzero(arr == _QUOTE)
+    if len(quotes) and buf.find(b"\\") >= 0:
+        quotes = _drop_escaped_quotes(buf, arr, quotes)
+    delta = _OPEN[arr]
+    pos = np.flatnonzero(delta)
+    # a bracket is inside a string when an odd number of real quotes precede it
+    outside = (np.searchsorted(quotes, pos) & 1) == 0
+    pos = pos[outside]
+    depth = np.cumsum(delta[pos], dtype=np.int64)
+    return pos, depth
+
+
+def _drop_escaped_quotes(buf: bytes, arr: np.ndarray, quotes: np.ndarray) -> np.ndarray:
+    """Remove quotes preceded by an odd run of backslashes (rare: only strings that contain `\\"`)."""
+    maybe = quotes[(quotes > 0) & (arr[np.maximum(quotes - 1, 0)] == _BACKSLASH)]
+    escaped = []
+    for q in maybe.tolist():
+        run = 0
+        while q - run - 1 >= 0 and buf[q - run - 1] == _BACKSLASH:
+            run += 1
+        if run & 1:
+            escaped.append(q)
+    return np.setdiff1d(quotes, np.asarray(escaped, dtype=quotes.dtype), assume_unique=True) if escaped else quotes
+
+
+class TraceStream:
+    """Iterate a trace file's events in decoded batches; `metadata` holds the top-level keys afterwards.
+
+    `decoder` decodes a JSON array of events (e.g. `msgspec.json.Decoder(list[Event])`).
+    `progress(n)` is called with the number of compressed-or-plain bytes read so far.
+    """
+
+    def __init__(self, path: str, decoder: msgspec.json.Decoder, progress: Callable[[int], None] | None = None):
+        self.path = path
+        self.decoder = decoder
+        self.progress = progress
+        self.metadata: dict[str, Any] = {}
+        self.bare_list = False
+
+    def batches(self) -> Iterator[list]:
+        path = self.path
+        f = open_bytes(path)
+        raw = f.fileobj if isinstance(f, gzip.GzipFile) else f  # for progress in file bytes
+        header = b""  # bytes before the event array
+        trailer: list[bytes] = []  # bytes after it
+        carry = b""  # an incomplete event, re-scanned with the next chunk
+        events_depth = -1  # nesting depth inside the event array; -1 until found
+        in_array = False
+        done = False
+        seen_any = False
+        try:
+            while True:
+                chunk = f.read(CHUNK)
+                if self.progress is not None and raw is not None:
+                    self.progress(raw.tell())
+                if not chunk:
+                    break
+                seen_any = True
+                if done:
+                    trailer.append(chunk)
+                    continue
+                if not in_array:
+                    header += chunk
+                    found = self._find_array(header)
+                    if found is None:
+                        if len(header) > (256 << 20):
+                            raise UserError("not a trace: no traceEvents array in the first 256 MB", path)
+                        continue
+                    start, events_depth = found
+                    carry = header[start:]
+                    header = header[: start - 1]  # without the array's "["
+                    in_array = True
+                else:
+                    carry += chunk
+                batch, carry, rest = self._split(carry, events_depth)
+                if batch:
+                    yield self._decode(batch)
+                if rest is not None:
+                    trailer.append(rest)
+                    carry = b""
+                    done = True
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise UserError(f"corrupt or truncated gzip data ({exc})", path) from None
+        finally:
+            f.close()
+        if not seen_any:
+            raise UserError("empty file", path)
+        if not in_array:
+            self._raise_not_trace(header)
+        if not done:
+            raise UserError("truncated JSON: the event array never closes", path)
+        self._read_metadata(header, b"".join(trailer))
+
+    def _find_array(self, header: bytes) -> tuple[int, int] | None:
+        """Byte offset just inside the event array and the depth there, or None if not in `header` yet."""
+        stripped = header.lstrip()
+        if not stripped:
+            return None
+        if stripped[:1] == b"[":
+            self.bare_list = True
+            return header.index(b"[") + 1, 1
+        if stripped[:1] != b"{":
+            self._raise_not_trace(header)
+        pos, depth = _structure(header)
+        opens = pos[(depth == 2) & (np.frombuffer(header, np.uint8)[pos] == ord("["))]
+        for p in opens.tolist():
+            if _KEY_BEFORE.search(header, max(0, p - 64), p):
+                return p + 1, 1
+        return None
+
+    def _split(self, buf: bytes, depth0: int) -> tuple[bytes, bytes, bytes | None]:
+        """Split `buf` (starting just inside the array, between events) into complete events, the incomplete
+        tail, and, when the array closes in `buf`, the bytes after it."""
+        pos, depth = _structure(buf)
+        # depth relative to buf start; 0 = between events, -1 = the array closed
+        closes = np.flatnonzero(depth < 0)
+        rest = None
+        if len(closes):
+            end_idx = closes[0]
+            close_at = int(pos[end_idx])
+            rest = buf[close_at + 1 :]
+            pos, depth = pos[:end_idx], depth[:end_idx]
+            buf_end = close_at
+        else:
+            buf_end = len(buf)
+        ends = pos[depth == 0]
+        if rest is not None:
+            body = buf[:buf_end].strip()
+            if body.endswith(b","):
+                body = body[:-1]
+            return body, b"", rest
+        if not len(ends):
+            return b"", buf, None
+        last = int(ends[-1]) + 1
+        body = buf[:last].strip()
+        if body.startswith(b","):
+            body = body[1:]
+        return body, buf[last:], None
+
+    def _decode(self, body: bytes) -> list:
+        if body.startswith(b","):
+            body = body[1:]
+        try:
+            return self.decoder.decode(b"[" + body + b"]")
+        except msgspec.ValidationError as exc:
+            raise UserError(f"unexpected event field type ({exc})", self.path) from None
+        except msgspec.DecodeError as exc:
+            raise UserError(f"malformed JSON ({exc})", self.path) from None
+
+    def _read_metadata(self, header: bytes, trailer: bytes) -> None:
+        if self.bare_list:
+            return
+        try:
+            meta = msgspec.json.decode(header + b"[]" + trailer)
+        except msgspec.DecodeError as exc:
+            raise UserError(f"malformed JSON around the event array ({exc})", self.path) from None
+        if isinstance(meta, dict):
+            meta.pop("traceEvents", None)
+            self.metadata = meta
+
+    def _raise_not_trace(self, header: bytes) -> None:
+        try:
+            doc = msgspec.json.decode(header)
+        except msgspec.DecodeError:
+            raise UserError("not a trace: malformed or truncated JSON with no traceEvents array", self.path) from None
+        kind = type(doc).__name__
+        raise UserError(f"not a trace: a JSON {kind} without a traceEvents array", self.path)
