@@ -1,0 +1,169 @@
+"""Hand-built traces of 3 to 10 events, each number computed by hand (docs/metrics.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import kernel, launch, memcpy, step, write_trace
+
+from overlapcheck.analysis import analyze_paths, analyze_trace
+
+RS_OLD = "ncclKernel_ReduceScatter_RING_LL_Sum___nv_bfloat16(ncclDevComm*, unsigned long, ncclWork*)"
+AG_NEW = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+GEMM = "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn"
+
+
+def rank_of(tmp_path, events, **kw):
+    return analyze_trace(str(write_trace(tmp_path, "rank0.json.gz", events, **kw)))
+
+
+def test_comm_half_hidden_by_compute_on_another_stream(tmp_path):
+    r = rank_of(tmp_path, [kernel(GEMM, 0, 10, stream=7), kernel(RS_OLD, 5, 10, stream=20)])
+    rs = r["collectives"]["reduce_scatter"]
+    assert rs == {"count": 1, "time_us": 10.0, "overlapped_us": 5.0, "exposed_us": 5.0, "overlap": 0.5}
+    assert r["collectives"]["all"] == rs
+    assert r["collectives"]["all_gather"] == {"count": 0, "time_us": 0.0, "overlapped_us": 0.0,
+                                               "exposed_us": 0.0, "overlap": None}  # fmt: skip
+    assert r["span_us"] == 15 and r["busy_us"] == 15 and r["compute_us"] == 10 and r["idle_us"] == 0
+
+
+def test_nested_and_overlapping_kernels_on_one_stream_are_counted_once(tmp_path):
+    events = [kernel(GEMM, 0, 10), kernel(GEMM, 2, 3), kernel(GEMM, 8, 4),  # compute union [0, 12)
+              kernel(AG_NEW, 0, 6, stream=30), kernel(AG_NEW, 4, 4, stream=30),  # comm union [0, 8)
+              kernel(AG_NEW, 20, 5, stream=30)]  # fmt: skip
+    r = rank_of(tmp_path, events)
+    ag = r["collectives"]["all_gather"]
+    assert ag["count"] == 3
+    assert ag["time_us"] == 13 and ag["overlapped_us"] == 8 and ag["exposed_us"] == 5
+    assert r["compute_us"] == 12
+    assert r["span_us"] == 25 and r["busy_us"] == 17 and r["idle_us"] == 8
+
+
+def test_communication_on_the_compute_stream_never_overlaps(tmp_path):
+    # one stream runs kernels one after another: NCCL on the compute stream cannot be hidden
+    r = rank_of(tmp_path, [kernel(GEMM, 0, 10), kernel(RS_OLD, 10, 10), kernel(GEMM, 20, 5)])
+    assert r["collectives"]["all"]["overlap"] == 0.0
+    assert r["collectives"]["all"]["exposed_us"] == 10
+
+
+def test_comm_is_found_by_name_not_by_stream(tmp_path):
+    # compute on the stream that carries NCCL elsewhere, NCCL on stream 7
+    r = rank_of(tmp_path, [kernel(GEMM, 0, 4, stream=20), kernel(AG_NEW, 0, 8, stream=7)])
+    assert r["collectives"]["all_gather"]["overlapped_us"] == 4
+
+
+def test_zero_length_events_count_but_cover_nothing(tmp_path):
+    r = rank_of(tmp_path, [kernel(GEMM, 0, 0), kernel(RS_OLD, 0, 0, stream=20), kernel(RS_OLD, 1, 2, stream=20)])
+    rs = r["collectives"]["reduce_scatter"]
+    assert rs["count"] == 2 and rs["time_us"] == 2 and rs["overlap"] == 0.0
+    assert r["compute_us"] == 0
+
+
+def test_collective_name_arg_wins_over_kernel_name(tmp_path):
+    events = [kernel("ncclDevKernel_Generic", 0, 5, stream=20, **{"Collective name": "_reduce_scatter_base"}),
+              kernel("ncclKernel_SendRecv(ncclWorkElem)", 10, 5, stream=20, **{"Collective name": "all_to_all"}),
+              kernel("ncclDevKernel_SendRecv", 20, 5, stream=20),
+              kernel("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)", 30, 5, stream=20),
+              kernel("ncclDevKernel_Generic", 40, 5, stream=20)]  # fmt: skip
+    c = rank_of(tmp_path, events)["collectives"]
+    counts = {k: v["count"] for k, v in c.items() if v["count"]}
+    assert counts == {"all": 5, "reduce_scatter": 1, "all_to_all": 1, "send_recv": 1, "broadcast": 1, "other": 1}
+
+
+def test_kernel_belongs_to_the_step_that_launched_it(tmp_path):
+    # step 1 launches an RS at t=8 that runs at t=12..20, after step 1's CPU span [0, 10) ended
+    events = [step(1, 0, 10), step(2, 10, 10),
+              launch(2, corr=1), kernel(GEMM, 3, 6, corr=1),
+              launch(8, corr=2), kernel(RS_OLD, 12, 8, stream=20, corr=2),
+              launch(11, corr=3), kernel(GEMM, 14, 4, corr=3),
+              memcpy(21, 2, corr=4), launch(12, corr=4)]  # fmt: skip
+    r = rank_of(tmp_path, events)
+    s1, s2 = r["steps"]
+    assert s1["step"] == 1 and s2["step"] == 2
+    assert s1["collectives"]["all"]["count"] == 1 and s2["collectives"]["all"]["count"] == 0
+    # the step's comm is measured against all compute, including step 2's kernel at [14, 18)
+    assert s1["collectives"]["all"]["overlapped_us"] == 4 and s1["collectives"]["all"]["exposed_us"] == 4
+    assert s1["start_us"] == 3 and s1["duration_us"] == 17 and s1["cpu_duration_us"] == 10
+    assert s1["compute_us"] == 6 and s2["compute_us"] == 4
+    assert s2["memcpy"] == {"count": 1, "time_us": 2.0, "exposed_us": 2.0}
+    assert s2["duration_us"] == 23 - 14
+    assert r["step_time_us"] == 17 + 9
+    assert r["exposed_share"] == pytest.approx(4 / 26)
+
+
+def test_memcpy_is_neither_compute_nor_comm_and_its_exposed_time_is_reported(tmp_path):
+    r = rank_of(tmp_path, [kernel(GEMM, 0, 10), memcpy(5, 10, stream=21), kernel(RS_OLD, 12, 2, stream=22)])
+    assert r["memcpy"] == {"count": 1, "time_us": 10.0, "exposed_us": 3.0}  # [5,15) - [0,10) - [12,14) = [10,12) + [14,15)
+    assert r["compute_us"] == 10
+    assert r["collectives"]["all"]["overlap"] == 0.0  # memcpy does not hide communication
+
+
+def test_no_communication_is_not_an_error(tmp_path):
+    r = rank_of(tmp_path, [kernel(GEMM, 0, 10), kernel(GEMM, 20, 10)])
+    assert r["collectives"]["all"]["overlap"] is None and r["exposed_share"] is None
+    assert any("no communication" in n for n in r["notes"])
+
+
+def test_no_gpu_kernels_is_not_an_error(tmp_path):
+    r = rank_of(tmp_path, [step(1, 0, 10), launch(1, corr=1)])
+    assert r["collectives"]["all"]["overlap"] is None
+    assert r["span_us"] == 0
+    assert any("nothing to measure" in n for n in r["notes"])
+
+
+def test_torch_1_8_schema_bare_list_old_categories(tmp_path):
+    events = [
+        {"ph": "X", "cat": "Operator", "name": "ProfilerStep#5", "pid": 1, "tid": "140", "ts": 0, "dur": 50},
+        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": "140", "ts": 1, "dur": 2,
+         "args": {"correlation": 9, "external id": 3}},
+        {"ph": "X", "cat": "Kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclColl)", "pid": 0,
+         "tid": "stream 13", "ts": 10, "dur": 10, "args": {"stream": 13, "correlation": 9, "device": 0}},
+        {"ph": "X", "cat": "Kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": "stream 7", "ts": 12,
+         "dur": 4, "args": {"correlation": 10, "device": 0}},
+        {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7", "ts": 30, "dur": 1,
+         "args": {"stream": 7, "correlation": 11}},
+        {"ph": "s", "id": 9, "pid": 1, "tid": 140, "ts": 1, "cat": "async", "name": "launch"},
+    ]  # fmt: skip
+    path = tmp_path / "worker3.pt.trace.json"
+    path.write_text(json.dumps(events))
+    r = analyze_trace(str(path))
+    assert r["rank"] == 3  # from the file name
+    ar = r["collectives"]["all_reduce"]
+    assert ar["count"] == 1 and ar["overlapped_us"] == 4 and ar["exposed_us"] == 6
+    assert r["memset"]["count"] == 1 and r["memset"]["exposed_us"] == 1
+    assert [s["step"] for s in r["steps"]] == [5]
+    assert r["steps"][0]["collectives"]["all"]["count"] == 1
+    assert {s["stream"] for s in r["streams"]} == {7, 13}  # the stream of a kernel without args.stream: its tid
+    assert any("torch 1.8" in n for n in r["notes"])
+
+
+def test_plain_and_gzipped_json_give_the_same_numbers(tmp_path):
+    events = [kernel(GEMM, 0, 10), kernel(RS_OLD, 5, 10, stream=20)]
+    a = analyze_trace(str(write_trace(tmp_path, "rank0.json", events, gz=False)))
+    b = analyze_trace(str(write_trace(tmp_path, "rank0.json.gz", events)))
+    assert a["collectives"] == b["collectives"]
+
+
+def test_cross_rank_summary_min_median_max_and_worst(tmp_path):
+    for rank, hidden in enumerate([2, 8, 5]):
+        write_trace(tmp_path, f"rank{rank}.json.gz", [kernel(GEMM, 0, hidden), kernel(RS_OLD, 0, 10, stream=20)],
+                    rank=rank, world_size=3)  # fmt: skip
+    report = analyze_paths([str(tmp_path)])
+    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
+    o = report["summary"]["metrics"]["all.overlap"]
+    assert (o["min"], o["median"], o["max"], o["worst_rank"]) == (0.2, 0.5, 0.8, 0)
+    e = report["summary"]["metrics"]["reduce_scatter.exposed_us"]
+    assert (e["min"], e["median"], e["max"], e["worst_rank"]) == (2, 5, 8, 0)
+    assert report["ranks"][0]["world_size"] == 3
+
+
+def test_metadata_after_event_array_and_escaped_strings(tmp_path):
+    doc = ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "weird \\"}]{[\\\\", "pid": 0, "tid": 7, '
+           '"ts": 0, "dur": 10, "args": {"stream": 7}}, {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", '
+           '"pid": 0, "tid": 9, "ts": 5, "dur": 10, "args": {"stream": 9}}], "distributedInfo": {"rank": 4, "world_size": 8}}')  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(doc)
+    r = analyze_trace(str(path))
+    assert r["rank"] == 4 and r["world_size"] == 8
+    assert r["collectives"]["all_reduce"]["overlapped_us"] == 5
