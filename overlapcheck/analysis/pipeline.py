@@ -37,6 +37,11 @@ class Inputs:
     config: dict[str, Any] | None = None  # ds_config found beside the traces
 
 
+def input_bytes(inputs: Inputs) -> int:
+    """Total size of the files to read."""
+    return sum(os.path.getsize(p) for p in inputs.traces + inputs.summaries)
+
+
 def find_inputs(paths: list[str]) -> Inputs:
     """Expand files and folders into trace files and (for `overlapcheck run` folders) per-rank summaries."""
     found = Inputs()
@@ -87,10 +92,13 @@ class Options:
     config: dict[str, Any] | None = None
 
 
-def analyze_trace(path: str, options: Options | None = None) -> dict[str, Any]:
-    """One trace file -> its RANK document (with `_findings` / `_timeline` extras when asked)."""
+def analyze_trace(path: str, options: Options | None = None,
+                  progress: Callable[[int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One trace file -> its RANK document (with `_findings` / `_timeline` extras when asked).
+
+    `progress(n)` is called with the number of file bytes read so far."""
     options = options or Options()
-    model = load_trace(path)
+    model = load_trace(path, progress)
     rank = analyze_model(model)
     if options.diagnose:
         from overlapcheck.diagnose import rank_findings
@@ -103,9 +111,12 @@ def analyze_trace(path: str, options: Options | None = None) -> dict[str, Any]:
     return rank
 
 
-def _worker(path: str, options: Options) -> tuple[str, dict[str, Any] | None, str | None]:
+Result = tuple[str, dict[str, Any] | None, str | None]  # (source, RANK document or None, error or None)
+
+
+def _worker(path: str, options: Options, progress: Callable[[int], None] | None = None) -> Result:
     try:
-        return path, analyze_trace(path, options), None
+        return path, analyze_trace(path, options, progress), None
     except UserError as exc:
         return path, None, str(exc)
     except MemoryError:
@@ -116,32 +127,40 @@ def analyze_paths(
     paths: list[str],
     jobs: int | None = None,
     options: Options | None = None,
-    on_file: Callable[[str], None] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """The report document for the traces and run folders in `paths`. Unreadable inputs are listed in
-    `errors` and left out; the other ranks are still reported."""
+    `errors` and left out; the other ranks are still reported.
+
+    `on_bytes(n)` is called as input bytes are consumed (n = bytes since the last call; the total is the sum
+    of the input files' sizes): byte by byte within a file when ranks are read in this process, a whole
+    file at a time when they are read in parallel."""
     options = options or Options()
     inputs = find_inputs(paths)
     if options.config is None:
         options.config = inputs.config
     results: list[tuple[str, dict[str, Any] | None, str | None]] = []
+    advance = on_bytes or (lambda n: None)
     for path in inputs.summaries:
         results.extend(_read_summary(path))
-        if on_file:
-            on_file(path)
+        advance(os.path.getsize(path))
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(inputs.traces)))
     if jobs == 1:
         for path in inputs.traces:
-            results.append(_worker(path, options))
-            if on_file:
-                on_file(path)
+            seen = [0]
+
+            def progress(n: int, seen: list[int] = seen) -> None:
+                advance(n - seen[0])
+                seen[0] = n
+
+            results.append(_worker(path, options, progress))
+            advance(os.path.getsize(path) - seen[0])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(_worker, path, options) for path in inputs.traces]
             for fut in as_completed(futures):
                 results.append(fut.result())
-                if on_file:
-                    on_file(results[-1][0])
+                advance(os.path.getsize(results[-1][0]))
     return build_report(results, inputs, options)
 
 

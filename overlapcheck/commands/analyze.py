@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
 from overlapcheck.errors import UserError
 
@@ -110,14 +110,15 @@ def _read_config(path: str) -> dict[str, Any]:
 
 def _with_progress(paths: list[str], jobs: int | None, options) -> dict[str, Any]:
     from overlapcheck.analysis import analyze_paths
-    from overlapcheck.analysis.pipeline import find_inputs
+    from overlapcheck.analysis.pipeline import find_inputs, input_bytes
 
     inputs = find_inputs(paths)  # validates paths early, for a clean error
-    total = len(inputs.traces) + len(inputs.summaries)
+    count = len(inputs.traces) + len(inputs.summaries)
     console = Console(stderr=True)
-    if not console.is_terminal or total == 0:
+    if not console.is_terminal or count == 0:
         return analyze_paths(paths, jobs=jobs, options=options)
-    columns = (TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn(f"reading {count} file(s)"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("read", total=total)
-        return analyze_paths(paths, jobs=jobs, options=options, on_file=lambda _: progress.advance(task))
+        task = progress.add_task("read", total=input_bytes(inputs))
+        return analyze_paths(paths, jobs=jobs, options=options, on_bytes=lambda n: progress.advance(task, n))
