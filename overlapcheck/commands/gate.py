@@ -58,6 +58,8 @@ def command(ctx: click.Context, report_path: str, baseline_path: str | None, min
         ignore_below_us=parse_us(ignore_below_us, "--ignore-below-us"),
         across=across,
     )
+    if config.max_exposed_regression and not baseline_path:
+        raise UserError("--max-exposed-regression needs --baseline BASE.json")
     if not (config.min_overlap or config.max_exposed_share is not None or baseline_path):
         raise UserError("nothing to check: give --baseline, --min-overlap or --max-exposed-share")
     report = load_report(report_path)

@@ -251,15 +251,15 @@ def _inputs_check(report: dict) -> Check:
     errors = report.get("errors") or []
     n = len(report.get("ranks") or [])
     if not n:
-        return Check("inputs", "inputs read", False, "0 ranks", "≥ 1 rank, no unreadable input",
+        return Check("inputs", "inputs read", False, "0 ranks", "≥ 1 rank, all readable",
                      "the report has no ranks: nothing was measured")
     if errors:
         sources = ", ".join(str(e.get("source", "?")) for e in errors[:3] if isinstance(e, dict))
         more = f" and {len(errors) - 3} more" if len(errors) > 3 else ""
         return Check("inputs", "inputs read", False, f"{n} ranks, {len(errors)} unreadable",
-                     "≥ 1 rank, no unreadable input", f"could not read {sources}{more}")
+                     "≥ 1 rank, all readable", f"could not read {sources}{more}")
     return Check("inputs", "inputs read", True, f"{n} rank{'s' if n != 1 else ''}",
-                 "≥ 1 rank, no unreadable input")
+                 "≥ 1 rank, all readable")
 
 
 def _min_overlap_check(report: dict, kind: str, threshold: float, across: str) -> Check:

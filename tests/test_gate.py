@@ -1,0 +1,235 @@
+"""The gate's checks, threshold parsing, baseline comparison, JUnit XML and Markdown (no CLI here)."""
+
+from __future__ import annotations
+
+import copy
+import xml.etree.ElementTree as ET
+
+import pytest
+from test_html_fixtures import make_report
+
+from overlapcheck.errors import UserError
+from overlapcheck.report.gate import (
+    GateConfig,
+    append_step_summary,
+    exit_code,
+    parse_fraction,
+    parse_min_overlap,
+    parse_regressions,
+    rank_exposed_per_step,
+    run_checks,
+    validate_report,
+)
+from overlapcheck.report.junit import render_junit
+from overlapcheck.report.markdown import render_markdown
+
+
+def by_id(checks):
+    return {c.id: c for c in checks}
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(("text", "value"), [("0.8", 0.8), ("80%", 0.8), (" 1 ", 1.0), ("0", 0.0), ("12.5%", 0.125)])
+def test_parse_fraction(text, value):
+    assert parse_fraction(text, "x") == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "80", "-0.1", "nan", "inf", "150%", "0.8%%"])
+def test_parse_fraction_rejects(text):
+    with pytest.raises(UserError):
+        parse_fraction(text, "--min-overlap")
+
+
+def test_parse_min_overlap_kinds():
+    assert parse_min_overlap(["reduce_scatter=0.8", "all-gather=75%", "all=0.5"]) == pytest.approx(
+        {"reduce_scatter": 0.8, "all_gather": 0.75, "all": 0.5})
+    for bad in (["reduce_scatter"], ["allreduce=0.5"], ["all_gather=high"]):
+        with pytest.raises(UserError):
+            parse_min_overlap(bad)
+
+
+def test_parse_regressions_defaults_to_all_and_allows_over_100_percent():
+    assert parse_regressions(["10%"]) == pytest.approx({"all": 0.1})
+    assert parse_regressions(["all_gather=150%", "0.05"]) == pytest.approx({"all_gather": 1.5, "all": 0.05})
+    with pytest.raises(UserError):
+        parse_regressions(["10"])  # ambiguous: 10 = 1000 %? must be written 10% or 0.1
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ([], "not an overlapcheck report"),
+    ({"schema": "other/1"}, "not an overlapcheck report"),
+    ({"schema": "overlapcheck.report/2", "ranks": []}, "not supported"),
+    ({"schema": "overlapcheck.report/1", "ranks": {}}, "'ranks' is not a list"),
+    ({"schema": "overlapcheck.report/1", "ranks": [{"rank": 0}]}, "no 'collectives'"),
+])
+def test_validate_report_rejects(doc, message):
+    with pytest.raises(UserError, match=message):
+        validate_report(doc)
+
+
+def test_validate_report_accepts_minor_additions():
+    report = make_report(2)
+    report["schema"] = "overlapcheck.report/1"
+    report["something_new"] = {"added": "in a later 1.x"}
+    validate_report(report)
+
+
+# -------------------------------------------------------------------------------------------- checks
+
+
+def test_thresholds_pass_and_fail_on_worst_rank():
+    report = make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88])
+    checks = by_id(run_checks(report, GateConfig(min_overlap={"all": 0.8, "all_gather": 0.65})))
+    assert checks["inputs"].passed
+    assert not checks["min-overlap.all"].passed
+    assert "worst rank 2" in checks["min-overlap.all"].detail
+    assert checks["min-overlap.all"].measured == "60.0%"
+    assert checks["min-overlap.all_gather"].passed  # worst all-gather overlap is 0.6 + 0.1 = 0.7
+    assert exit_code(list(checks.values())) == 1
+
+
+def test_median_tolerates_one_outlier_rank():
+    report = make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88])
+    checks = run_checks(report, GateConfig(min_overlap={"all": 0.8}, across="median"))
+    assert exit_code(checks) == 0
+    assert by_id(checks)["min-overlap.all"].measured == "86.5%"
+    assert "median of 4 ranks" in by_id(checks)["min-overlap.all"].detail
+
+
+def test_missing_collective_fails_with_reason():
+    report = make_report(2)
+    check = by_id(run_checks(report, GateConfig(min_overlap={"all_to_all": 0.5})))["min-overlap.all_to_all"]
+    assert not check.passed and "no rank has all_to_all" in check.detail
+
+
+def test_max_exposed_share():
+    report = make_report(2, overlaps=[0.7, 0.7])
+    share = report["ranks"][0]["exposed_share"]
+    assert exit_code(run_checks(report, GateConfig(max_exposed_share=share + 0.001))) == 0
+    assert exit_code(run_checks(report, GateConfig(max_exposed_share=share - 0.001))) == 1
+
+
+def test_unreadable_inputs_and_empty_reports_fail():
+    report = make_report(2, errors=[{"source": "rank7.json", "error": "truncated"}])
+    check = by_id(run_checks(report, GateConfig(max_exposed_share=1.0)))["inputs"]
+    assert not check.passed and "rank7.json" in check.detail
+    empty = make_report(1)
+    empty["ranks"] = []
+    assert not by_id(run_checks(empty, GateConfig(max_exposed_share=1.0)))["inputs"].passed
+
+
+# ---------------------------------------------------------------------------------------- regressions
+
+
+def test_exposed_per_step_is_mean_over_steps():
+    rank = make_report(1)["ranks"][0]
+    per_step = [s["collectives"]["all"]["exposed_us"] for s in rank["steps"]]
+    assert rank_exposed_per_step(rank, "all") == pytest.approx(sum(per_step) / len(per_step))
+    rank["steps"] = []
+    assert rank_exposed_per_step(rank, "all") == pytest.approx(rank["collectives"]["all"]["exposed_us"])
+
+
+def test_baseline_regression_fails_beyond_relative_tolerance():
+    base = make_report(4, overlaps=[0.8] * 4)
+    worse = make_report(4, overlaps=[0.8, 0.8, 0.7, 0.8])  # rank 2: 20 % -> 30 % exposed: +50 %
+    checks = by_id(run_checks(worse, GateConfig(max_exposed_regression={"all": 0.1}), baseline=base))
+    check = checks["exposed-regression.all"]
+    assert not check.passed
+    assert "+50.0%" in check.measured and "worst rank 2" in check.detail
+    same = run_checks(copy.deepcopy(base), GateConfig(max_exposed_regression={"all": 0.1}), baseline=base)
+    assert exit_code(same) == 0
+
+
+def test_baseline_default_tolerance_is_10_percent():
+    base = make_report(2, overlaps=[0.8, 0.8])
+    slightly = make_report(2, overlaps=[0.79, 0.79])  # exposed 20 % -> 21 %: +5 %
+    checks = run_checks(slightly, GateConfig(ignore_below_us=0), baseline=base)
+    assert [c.id for c in checks] == ["inputs", "exposed-regression.all"]
+    assert exit_code(checks) == 0
+    assert exit_code(run_checks(make_report(2, overlaps=[0.77, 0.77]), GateConfig(ignore_below_us=0),
+                                baseline=base)) == 1  # +15 %
+
+
+def test_noise_floor_absorbs_small_absolute_regressions():
+    base = make_report(1, overlaps=[0.85])
+    cur = make_report(1, overlaps=[0.8])  # exposed per step 2250 µs -> 3000 µs: +33 %, +750 µs
+    strict = run_checks(cur, GateConfig(max_exposed_regression={"all": 0.1}, ignore_below_us=0), baseline=base)
+    assert exit_code(strict) == 1
+    loose = by_id(run_checks(cur, GateConfig(max_exposed_regression={"all": 0.1}, ignore_below_us=1000),
+                             baseline=base))["exposed-regression.all"]
+    assert loose.passed and "noise floor" in loose.detail
+
+
+def test_improvement_passes_and_vanished_collective_is_zero():
+    base = make_report(2, overlaps=[0.6, 0.6])
+    better = make_report(2, overlaps=[0.9, 0.9])
+    assert exit_code(run_checks(better, GateConfig(max_exposed_regression={"all": 0.0}), baseline=base)) == 0
+    new_kind = run_checks(base, GateConfig(max_exposed_regression={"all_to_all": 0.1}), baseline=base)
+    assert exit_code(new_kind) == 0
+
+
+def test_regression_without_baseline_is_a_user_error():
+    with pytest.raises(UserError, match="needs --baseline"):
+        run_checks(make_report(1), GateConfig(max_exposed_regression={"all": 0.1}))
+
+
+# ------------------------------------------------------------------------------------- JUnit, Markdown
+
+
+def _mixed_checks():
+    base = make_report(4, overlaps=[0.8] * 4)
+    cur = make_report(4, overlaps=[0.8, 0.8, 0.5, 0.8])
+    config = GateConfig(min_overlap={"all": 0.6, "reduce_scatter": 0.5}, max_exposed_share=0.5,
+                        max_exposed_regression={"all": 0.1})
+    return run_checks(cur, config, baseline=base)
+
+
+def test_junit_has_one_case_per_check_and_failures():
+    checks = _mixed_checks()
+    root = ET.fromstring(render_junit(checks).encode("utf-8"))
+    suite = root.find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["inputs", "min-overlap.all", "min-overlap.reduce_scatter",
+                                              "max-exposed-share", "exposed-regression.all"]
+    failed = {c.get("name") for c in cases if c.find("failure") is not None}
+    assert failed == {"min-overlap.all", "min-overlap.reduce_scatter", "exposed-regression.all"}
+    assert suite.get("tests") == "5" and suite.get("failures") == "3"
+    assert "50.0%" in cases[1].find("failure").get("message")
+
+
+def test_junit_escapes_strings():
+    report = make_report(1, errors=[{"source": "<rank&1>\"]]>.json", "error": "bad"}])
+    xml = render_junit(run_checks(report, GateConfig(max_exposed_share=1.0)))
+    failure = ET.fromstring(xml.encode("utf-8")).find("testsuite/testcase/failure")
+    assert "<rank&1>\"]]>.json" in failure.text
+
+
+def test_markdown_summary_table():
+    md = render_markdown(_mixed_checks(), "out/report.json", "base|line.json")
+    lines = md.splitlines()
+    assert lines[0] == "### ❌ overlapcheck gate failed: 3 of 5 checks"
+    assert "baseline `base|line.json`" in md
+    rows = [ln for ln in lines if ln.startswith("| ✅") or ln.startswith("| ❌")]
+    assert len(rows) == 5
+    assert all(ln.replace("\\|", "").count("|") == 6 for ln in rows)
+    assert rows[0].startswith("| ✅ | inputs read")
+    ok = render_markdown(run_checks(make_report(1), GateConfig(max_exposed_share=1.0)), "r.json")
+    assert ok.startswith("### ✅ overlapcheck gate passed: 2 checks")
+
+
+def test_markdown_cells_cannot_break_the_table():
+    report = make_report(1, errors=[{"source": "a|b\nc<script>.json", "error": "x"}])
+    md = render_markdown(run_checks(report, GateConfig(max_exposed_share=1.0)), "r.json")
+    row = [ln for ln in md.splitlines() if ln.startswith("| ❌")][0]
+    assert "a\\|b c\\<script\\>.json" in row
+    assert row.replace("\\|", "").count("|") == 6
+
+
+def test_step_summary_appends(tmp_path):
+    target = tmp_path / "summary.md"
+    target.write_text("earlier step\n")
+    assert append_step_summary("### table", {"GITHUB_STEP_SUMMARY": str(target)}) == str(target)
+    assert target.read_text() == "earlier step\n### table\n"
+    assert append_step_summary("x", {}) is None

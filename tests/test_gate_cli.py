@@ -1,0 +1,108 @@
+"""`overlapcheck gate` and `overlapcheck baseline save` through the CLI: exit codes 0/1/2 and the files written."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+from click.testing import CliRunner
+from test_html_fixtures import make_report
+
+from overlapcheck.cli import main
+
+
+@pytest.fixture
+def write(tmp_path):
+    def _write(name: str, doc) -> str:
+        path = tmp_path / name
+        path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+        return str(path)
+    return _write
+
+
+def gate(*args: str, env: dict | None = None):
+    return CliRunner().invoke(main, ["gate", *args], env=env or {"GITHUB_STEP_SUMMARY": ""})
+
+
+def test_pass_exit_0_with_table(write):
+    report = write("r.json", make_report(4, overlaps=[0.9, 0.85, 0.82, 0.88]))
+    result = gate(report, "--min-overlap", "all=0.8", "--max-exposed-share", "25%")
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output and "all overlap (worst)" in result.output
+    assert "gate: PASS (3 checks)" in result.output
+
+
+def test_threshold_missed_exit_1(write):
+    report = write("r.json", make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88]))
+    result = gate(report, "--min-overlap", "reduce_scatter=0.8", "--min-overlap", "all=0.5")
+    assert result.exit_code == 1
+    assert "FAIL" in result.output and "gate: FAIL (1 of 3 checks failed)" in result.output
+
+
+def test_across_median(write):
+    report = write("r.json", make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88]))
+    assert gate(report, "--min-overlap", "all=0.8", "--across", "median").exit_code == 0
+
+
+def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
+    base = write("base.json", make_report(4, overlaps=[0.8] * 4))
+    cur = write("cur.json", make_report(4, overlaps=[0.8, 0.8, 0.7, 0.8]))
+    junit, md, summary = tmp_path / "gate.xml", tmp_path / "gate.md", tmp_path / "summary.md"
+    result = gate(cur, "--baseline", base, "--max-exposed-regression", "10%", "--junit", str(junit),
+                  "--markdown", str(md), env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert result.exit_code == 1, result.output
+    cases = ET.parse(junit).getroot().findall("testsuite/testcase")
+    assert [(c.get("name"), c.find("failure") is not None) for c in cases] == [
+        ("inputs", False), ("exposed-regression.all", True)]
+    assert md.read_text().startswith("### ❌ overlapcheck gate failed: 1 of 2 checks")
+    assert summary.read_text() == md.read_text()
+
+
+def test_baseline_unchanged_passes(write):
+    base = write("base.json", make_report(4))
+    assert gate(base, "--baseline", base).exit_code == 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing.json", "--min-overlap", "all=0.5"], "missing.json: no such file"),
+    (["{dir}/notjson.json", "--min-overlap", "all=0.5"], "not JSON"),
+    (["{dir}/other.json", "--min-overlap", "all=0.5"], "not an overlapcheck report"),
+    (["{dir}/v2.json", "--min-overlap", "all=0.5"], "not supported"),
+    (["{dir}/ok.json", "--min-overlap", "all=high"], "not a number"),
+    (["{dir}/ok.json", "--min-overlap", "rs=0.5"], "unknown collective"),
+    (["{dir}/ok.json", "--max-exposed-share", "20"], "above 1"),
+    (["{dir}/ok.json", "--max-exposed-regression", "10%"], "needs --baseline"),
+    (["{dir}/ok.json", "--baseline", "{dir}/v2.json"], "not supported"),
+    (["{dir}/ok.json", "--baseline", "{dir}/ok.json", "--ignore-below-us", "x"], "not a number"),
+    (["{dir}/ok.json"], "nothing to check"),
+])
+def test_bad_input_exit_2_one_line(write, tmp_path, args, message):
+    write("notjson.json", "{nope")
+    write("other.json", {"traceEvents": []})
+    write("v2.json", {**make_report(1), "schema": "overlapcheck.report/2"})
+    write("ok.json", make_report(1))
+    result = CliRunner().invoke(main, ["gate", *[a.format(dir=tmp_path) for a in args]])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("overlapcheck: error: ") and message in lines[0]
+
+
+def test_baseline_save_refuses_overwrite(write, tmp_path):
+    report = write("r.json", make_report(2))
+    target = tmp_path / "base.json"
+    result = CliRunner().invoke(main, ["baseline", "save", report, str(target)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(target.read_text()) == json.loads((tmp_path / "r.json").read_text())
+    assert "saved baseline" in result.output
+    again = CliRunner().invoke(main, ["baseline", "save", report, str(target)])
+    assert again.exit_code == 2 and "--force" in again.output
+    forced = CliRunner().invoke(main, ["baseline", "save", report, str(target), "--force"])
+    assert forced.exit_code == 0
+
+
+def test_baseline_save_rejects_non_reports(write, tmp_path):
+    bad = write("bad.json", {"schema": "something/1"})
+    result = CliRunner().invoke(main, ["baseline", "save", bad, str(tmp_path / "b.json")])
+    assert result.exit_code == 2 and "not an overlapcheck report" in result.output
+    assert not (tmp_path / "b.json").exists()
