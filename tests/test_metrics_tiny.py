@@ -167,3 +167,22 @@ def test_metadata_after_event_array_and_escaped_strings(tmp_path):
     r = analyze_trace(str(path))
     assert r["rank"] == 4 and r["world_size"] == 8
     assert r["collectives"]["all_reduce"]["overlapped_us"] == 5
+
+
+def test_phases_split_a_step_at_its_backward_window(tmp_path):
+    def bwd(ts, dur):
+        return {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0", "pid": 100,
+                "tid": 200, "ts": ts, "dur": dur}  # fmt: skip
+    events = [step(1, 0, 100), bwd(30, 10), bwd(50, 10),  # backward window [30, 60]
+              launch(5, corr=1), kernel(AG_NEW, 6, 4, stream=20, corr=1),  # forward all-gather, exposed
+              launch(35, corr=2, tid=200), kernel(GEMM, 36, 20, corr=2),  # backward compute
+              launch(40, corr=3, tid=200), kernel(RS_OLD, 40, 10, stream=21, corr=3),  # hidden reduce-scatter
+              launch(70, corr=4), kernel(RS_OLD, 70, 10, stream=21, corr=4)]  # epilogue reduce-scatter, exposed
+    r = rank_of(tmp_path, events)
+    phases = r["steps"][0]["phases"]
+    assert set(phases) == {"forward", "backward", "optimizer"}
+    assert phases["forward"]["collectives"]["all_gather"]["exposed_us"] == 4
+    assert phases["backward"]["collectives"]["reduce_scatter"]["overlap"] == 1.0
+    assert phases["backward"]["compute_us"] == 20
+    assert phases["optimizer"]["collectives"]["reduce_scatter"]["exposed_us"] == 10
+    assert r["steps"][0]["collectives"]["reduce_scatter"]["count"] == 2

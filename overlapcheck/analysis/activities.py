@@ -26,9 +26,14 @@ class Activities:
     step: np.ndarray  # ProfilerStep number, -1 when none
     lanes: str  # "gpu" or "cpu"
     notes: list[str] = field(default_factory=list)
+    phase: np.ndarray | None = None  # index into PHASES, -1 when none (set by activities_of)
 
     def __len__(self) -> int:
         return len(self.start)
+
+
+PHASES = ("forward", "backward", "optimizer")
+_BACKWARD_OP = "autograd::engine::evaluate_function"
 
 
 def activities_of(model: TraceModel) -> Activities:
@@ -36,13 +41,50 @@ def activities_of(model: TraceModel) -> Activities:
     if len(model.gpu):
         g = model.gpu
         launch = launch_times(model)
-        return Activities(g.start, g.end, g.cls, g.coll, g.stream, step_of(model, launch), "gpu")
-    gloo = gloo_threads(model)
-    if gloo:
-        return cpu_activities(model, gloo)
-    empty = np.zeros(0)
-    return Activities(empty, empty, empty.astype(np.int8), empty.astype(np.int8), empty.astype(np.int64),
-                      empty.astype(np.int64), "gpu")  # fmt: skip
+        acts = Activities(g.start, g.end, g.cls, g.coll, g.stream, step_of(model, launch), "gpu")
+    elif gloo := gloo_threads(model):
+        acts = cpu_activities(model, gloo)
+        launch = acts.start
+    else:
+        empty = np.zeros(0)
+        acts = Activities(empty, empty, empty.astype(np.int8), empty.astype(np.int8), empty.astype(np.int64),
+                          empty.astype(np.int64), "gpu")  # fmt: skip
+        launch = empty
+    acts.phase = phase_of(model, launch, phase_windows(model))
+    return acts
+
+
+def phase_windows(model: TraceModel) -> np.ndarray:
+    """Per profiled step, the CPU window of its backward pass: from the first to the last end of the autograd
+    engine's `evaluate_function` ops that start inside the step. Rows (start, end); NaN when a step has none."""
+    s = model.steps
+    out = np.full((len(s), 2), np.nan)
+    if not len(s) or not len(model.ops):
+        return out
+    backward_names = [i for i, n in enumerate(model.names) if n.startswith(_BACKWARD_OP)]
+    sel = np.isin(model.ops.name, backward_names)
+    starts, ends = model.ops.start[sel], model.ops.end[sel]
+    for i in range(len(s)):
+        inside = (starts >= s.start[i]) & (starts < s.end[i])
+        if inside.any():
+            out[i] = starts[inside].min(), ends[inside].max()
+    return out
+
+
+def phase_of(model: TraceModel, times: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    """forward (0) before the step's backward window, backward (1) inside it, optimizer (2) after it, by the
+    time the activity was issued; -1 outside steps or in steps without a backward pass."""
+    s = model.steps
+    out = np.full(len(times), -1, dtype=np.int8)
+    if not len(s):
+        return out
+    i = np.searchsorted(s.start, times, side="right") - 1
+    ok = (i >= 0) & ~np.isnan(windows[np.maximum(i, 0), 0])
+    ok[ok] &= times[ok] < s.end[i[ok]]
+    lo, hi = windows[i[ok], 0], windows[i[ok], 1]
+    t = times[ok]
+    out[ok] = np.where(t < lo, 0, np.where(t <= hi, 1, 2))
+    return out
 
 
 def launch_times(model: TraceModel) -> np.ndarray:

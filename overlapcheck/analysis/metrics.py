@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.analysis.activities import Activities, activities_of
+from overlapcheck.analysis.activities import PHASES, Activities, activities_of
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import rank_of
@@ -108,6 +108,15 @@ def _step(model: TraceModel, acts: Activities, i: int, compute: iv.Intervals,
         start, duration = float(model.steps.start[i]), cpu_duration
     own_compute = mask & (acts.cls == C.COMPUTE)
     split_ = collectives(acts, mask, compute)
+    phases = {}
+    if acts.phase is not None and (acts.phase[mask] >= 0).any():
+        for p, phase in enumerate(PHASES):
+            in_phase = mask & (acts.phase == p)
+            phase_compute = in_phase & (acts.cls == C.COMPUTE)
+            phases[phase] = {
+                "compute_us": iv.length(iv.union(acts.start[phase_compute], acts.end[phase_compute])),
+                "collectives": collectives(acts, in_phase, compute),
+            }
     return {
         "step": number,
         "start_us": start,
@@ -118,6 +127,7 @@ def _step(model: TraceModel, acts: Activities, i: int, compute: iv.Intervals,
         "collectives": split_,
         "memcpy": copies(acts, mask, C.MEMCPY, compute_or_comm),
         "memset": copies(acts, mask, C.MEMSET, compute_or_comm),
+        "phases": phases,
     }
 
 
