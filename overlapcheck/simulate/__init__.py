@@ -1,0 +1,85 @@
+"""A ZeRO-3 trace simulator with exact ground truth (`overlapcheck simulate`); see docs/simulator.md."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from overlapcheck.errors import UserError
+from overlapcheck.simulate.config import SimConfig
+from overlapcheck.simulate.scenarios import CAUSES, build_config
+from overlapcheck.simulate.sim import BASE_TIME_NS, TS_ORIGIN_US, simulate
+from overlapcheck.simulate.truth import mean_step_time, set_truth
+from overlapcheck.simulate.writer import write_json, write_trace
+
+TRUTH_SCHEMA = "overlapcheck.truth/1"
+
+__all__ = ["build_config", "generate", "simulate", "truth_document"]
+
+
+def trace_name(rank: int) -> str:
+    return f"rank{rank}.trace.json.gz"
+
+
+def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float) -> list[dict[str, Any]]:
+    """Each planted cause with its per-step cost: this job minus the same job without the effect."""
+    out = []
+    for rule in causes:
+        cause = CAUSES[rule]
+        without = cfg.with_overrides(cause.counterfactual(cfg))
+        step_us = mean_step_time(set_truth(simulate(without), [""] * without.world_size))
+        out.append({"rule": rule, "cost_us": round(base_step_us - step_us, 3), "fix": cause.fix(cfg),
+                    "ranks": cause.ranks(cfg), "step_time_without_us": round(step_us, 3)})
+    return sorted(out, key=lambda c: -c["cost_us"])
+
+
+def truth_document(cfg: SimConfig, causes: list[str]) -> tuple[Any, dict[str, Any]]:
+    """Simulate `cfg`; return the result and its truth.json document."""
+    result = simulate(cfg)
+    ranks = set_truth(result, [trace_name(r) for r in range(cfg.world_size)])
+    step_us = mean_step_time(ranks)
+    config = asdict(cfg)
+    config["model"]["parameters"] = cfg.model.parameters
+    doc = {
+        "schema": TRUTH_SCHEMA,
+        "scenario": cfg.scenario,
+        "config": config,
+        "time_base": {"baseTimeNanoseconds": BASE_TIME_NS, "ts_origin_us": TS_ORIGIN_US,
+                      "clock_offset_us": list(cfg.clock_offset_us)},
+        "step_time_us": round(step_us, 3),
+        "causes": cause_costs(cfg, causes, step_us),
+        "ranks": ranks,
+    }
+    return result, doc
+
+
+def ds_config_document(cfg: SimConfig) -> dict[str, Any]:
+    """ds_config.json: the job's DeepSpeed config plus what diagnosis may need about the job."""
+    doc = cfg.ds_config()
+    m = cfg.model
+    doc["_overlapcheck_model"] = {"parameters": m.parameters, "hidden": m.hidden, "layers": m.layers,
+                                  "vocab": m.vocab, "seq_len": m.seq_len}
+    doc["_overlapcheck_job"] = {"nodes": cfg.nodes, "gpus_per_node": cfg.gpus_per_node, "gpu": cfg.gpu,
+                                "torch": cfg.torch_version, "deepspeed": cfg.deepspeed_version,
+                                "nccl": cfg.nccl_version, "env": cfg.env()}
+    return doc
+
+
+def generate(scenario: str, out: Path, force: bool = False, **options: Any) -> dict[str, Any]:
+    """Write the trace set of `scenario` into `out`; returns the truth document."""
+    cfg, causes = build_config(scenario, **options)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"{out} is not empty; pass --force to overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    if force:
+        for old in out.glob("rank*.trace.json.gz"):
+            old.unlink()
+    result, truth = truth_document(cfg, causes)
+    for run in result.ranks:
+        write_trace(cfg, run, out / trace_name(run.rank))
+    write_json(out / "ds_config.json", ds_config_document(cfg))
+    write_json(out / "truth.json", truth)
+    return truth

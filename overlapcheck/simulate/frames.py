@@ -1,0 +1,133 @@
+"""DeepSpeed/PyTorch call stacks as `with_stack=True` records them (`python_function` events).
+
+Names and first lines are those of DeepSpeed 0.19.8 (the installed source, and the CPU ZeRO-3 trace in
+../shared/traces/cpu-zero3-gloo). For DeepSpeed < 0.14 the functions named in
+knowledge/zero3-overlap.md use their v0.13.3 lines (fetch_sub_module 261, __add_grad_to_ipg_bucket 1230,
+__reduce_and_partition_ipg_grads 1249, independent_gradient_partition_epilogue 1082, partition_grads
+1418, timed_op 121); the others keep their 0.19.8 lines.
+"""
+
+from __future__ import annotations
+
+from overlapcheck.simulate.config import SimConfig
+
+_NEW = {
+    "fetch": 307, "fetch_impl": 353, "add_grad": 1619, "reduce_ipg": 1646, "epilogue": 1406,
+    "partition_grads": 2004, "log_wrapper": 111,
+}
+_OLD = {
+    "fetch": 261, "fetch_impl": 261, "add_grad": 1230, "reduce_ipg": 1249, "epilogue": 1082,
+    "partition_grads": 1418, "log_wrapper": 121,
+}
+
+NVTX = "deepspeed/utils/nvtx.py(30): wrapped_fn"
+CTX = "torch/utils/_contextlib.py(120): decorate_context"
+Z = "deepspeed/runtime/zero/"
+
+
+class Frames:
+    """The frame names for one DeepSpeed version."""
+
+    def __init__(self, cfg: SimConfig):
+        self.line = _NEW if cfg.deepspeed_at_least("0.14") else _OLD
+
+    def train_step(self) -> tuple[str, ...]:
+        return ("train.py(112): <module>", "train.py(100): main", "train.py(77): step")
+
+    def engine_forward(self) -> tuple[str, ...]:
+        return ("torch/nn/modules/module.py(1782): _call_impl", "deepspeed/runtime/engine.py(2982): forward")
+
+    def pre_forward_hook(self) -> tuple[str, ...]:
+        return ("torch/nn/modules/module.py(1794): inner", f"{Z}parameter_offload.py(358): _pre_forward_module_hook",
+                f"{Z}parameter_offload.py(530): pre_sub_module_forward_function")
+
+    def pre_backward_hook(self) -> tuple[str, ...]:
+        return ("torch/autograd/function.py(311): apply",
+                f"{Z}parameter_offload.py(456): _run_before_backward_function",
+                f"{Z}parameter_offload.py(572): pre_sub_module_backward_function")
+
+    def fetch(self) -> tuple[str, ...]:
+        return (NVTX, CTX, f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module",
+                f"{Z}partitioned_param_coordinator.py({self.line['fetch_impl']}): _fetch_sub_module_impl")
+
+    def all_gather(self) -> tuple[str, ...]:
+        return (f"{Z}partitioned_param_coordinator.py(568): __all_gather_params",
+                f"{Z}partitioned_param_coordinator.py(582): __all_gather_params_",
+                f"{Z}partition_parameters.py(1539): all_gather_coalesced",
+                f"{Z}partition_parameters.py(1446): _all_gather_coalesced",
+                f"{Z}partition_parameters.py(1329): _all_gather_dtype",
+                f"{Z}partition_parameters.py(122): _dist_allgather_fn",
+                "deepspeed/comm/comm.py(352): allgather_fn")
+
+    def all_gather_tail(self) -> tuple[str, ...]:
+        return ("deepspeed/comm/comm.py(333): all_gather_into_tensor", "deepspeed/comm/torch.py(168): wrapper",
+                "deepspeed/comm/torch.py(367): all_gather_into_tensor",
+                "torch/distributed/c10d_logger.py(80): wrapper",
+                "torch/distributed/distributed_c10d.py(4398): all_gather_into_tensor")
+
+    def handle_wait(self) -> tuple[str, ...]:
+        return (f"{Z}partition_parameters.py(818): wait", f"{Z}partition_parameters.py(760): wait")
+
+    def log_wrapper(self) -> str:
+        return f"deepspeed/comm/comm.py({self.line['log_wrapper']}): log_wrapper"
+
+    def grad_hook(self) -> tuple[str, ...]:
+        return (f"{Z}stage3.py(1508): reduce_partition_and_remove_grads",
+                f"{Z}stage3.py(2160): reduce_ready_partitions_and_remove_grads",
+                f"{Z}stage3.py(1569): reduce_independent_p_g_buckets_and_remove_grads")
+
+    def add_grad(self) -> tuple[str, ...]:
+        return (f"{Z}stage3.py({self.line['add_grad']}): __add_grad_to_ipg_bucket",)
+
+    def reduce_ipg(self) -> tuple[str, ...]:
+        return (NVTX, CTX, f"{Z}stage3.py({self.line['reduce_ipg']}): __reduce_and_partition_ipg_grads")
+
+    def reduce_scatter(self) -> tuple[str, ...]:
+        return (f"{Z}stage3.py(1911): __avg_scatter_grads",
+                "deepspeed/runtime/comm/coalesced_collectives.py(79): reduce_scatter_coalesced",
+                "deepspeed/runtime/comm/coalesced_collectives.py(22): _torch_reduce_scatter_fn",
+                "deepspeed/comm/comm.py(283): reduce_scatter_fn")
+
+    def reduce_scatter_tail(self) -> tuple[str, ...]:
+        return ("deepspeed/comm/comm.py(316): reduce_scatter_tensor", "deepspeed/comm/torch.py(168): wrapper",
+                "deepspeed/comm/torch.py(433): reduce_scatter_tensor",
+                "torch/distributed/c10d_logger.py(80): wrapper",
+                "torch/distributed/distributed_c10d.py(4947): reduce_scatter_tensor")
+
+    def partition_grads(self) -> tuple[str, ...]:
+        return (f"{Z}stage3.py({self.line['partition_grads']}): partition_grads",)
+
+    def backward(self) -> tuple[str, ...]:
+        return ("deepspeed/runtime/engine.py(3381): backward",)
+
+    def loss_backward(self) -> tuple[str, ...]:
+        return ("torch/_tensor.py(625): backward", "torch/autograd/__init__.py(354): backward",
+                "torch/autograd/graph.py(829): _engine_run_backward")
+
+    def epilogue(self) -> tuple[str, ...]:
+        return ("deepspeed/runtime/engine.py(3153): _backward_epilogue",
+                "deepspeed/runtime/engine.py(3072): allreduce_gradients",
+                f"{Z}stage3.py(1484): overlapping_partition_gradients_reduce_epilogue",
+                f"{Z}stage3.py({self.line['epilogue']}): independent_gradient_partition_epilogue")
+
+    def step(self) -> tuple[str, ...]:
+        return ("deepspeed/runtime/engine.py(3567): step", "deepspeed/runtime/engine.py(3505): _take_model_step",
+                f"{Z}stage3.py(2872): step")
+
+    def grad_norm(self) -> tuple[str, ...]:
+        return (f"{Z}stage3.py(2572): _get_norm_groups", f"{Z}stage3.py(2418): get_grad_norm_direct")
+
+    def all_reduce(self) -> tuple[str, ...]:
+        return ("deepspeed/comm/comm.py(696): all_reduce", "deepspeed/comm/torch.py(168): wrapper",
+                "deepspeed/comm/torch.py(286): all_reduce", "torch/distributed/c10d_logger.py(80): wrapper",
+                "torch/distributed/distributed_c10d.py(3155): all_reduce")
+
+    def timer(self, which: str) -> tuple[str, ...]:
+        line = 231 if which == "start" else 246
+        return (f"deepspeed/utils/timer.py({line}): {which}",
+                "deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
+                "torch/cuda/__init__.py(1083): synchronize")
+
+    def accelerator_sync(self) -> tuple[str, ...]:
+        return ("deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
+                "torch/cuda/__init__.py(1083): synchronize")

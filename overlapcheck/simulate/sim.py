@@ -1,0 +1,92 @@
+"""Runs the step model on every rank at once and keeps what the profiler window would record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from overlapcheck.simulate.collectives import Fabric
+from overlapcheck.simulate.config import SimConfig
+from overlapcheck.simulate.engine import Device, GpuOp, run
+from overlapcheck.simulate.host import CpuEvent, Host, SyncEvent
+from overlapcheck.simulate.model import RankStep
+
+WARMUP_STEPS = 1
+TS_ORIGIN_US = 2_000_000.0  # trace ts start near here; absolute time = baseTimeNanoseconds + ts * 1000
+BASE_TIME_NS = 1_790_000_000_000_000_000
+
+
+@dataclass
+class RankRun:
+    """What one rank's profiler recorded: CPU events, cuda_sync events and GPU activities."""
+
+    rank: int
+    node: int
+    local_rank: int
+    pid: int
+    main_tid: int
+    autograd_tid: int
+    offset_us: float
+    cpu: list[CpuEvent]
+    syncs: list[SyncEvent]
+    gpu: list[GpuOp]
+    window: tuple[float, float]
+
+    def ts(self, t: float) -> float:
+        """A simulator time as written in the trace (µs, 3 decimals, this node's clock)."""
+        return round(TS_ORIGIN_US + self.offset_us + t, 3)
+
+    def span(self, start: float, end: float) -> tuple[float, float]:
+        """(ts, dur) as written: both rounded to the ns, dur from the rounded ends."""
+        ts = self.ts(start)
+        return ts, round(self.ts(end) - ts, 3)
+
+
+@dataclass
+class SimResult:
+    cfg: SimConfig
+    ranks: list[RankRun]
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Simulate warm-up plus `cfg.steps` profiled steps on all ranks; keep the profiled window."""
+    fabric = Fabric(cfg)
+    devices: dict[int, Device] = {}
+    hosts: dict[int, Host] = {}
+    programs = {}
+    marks: dict[int, list[float]] = {}
+    for rank in range(cfg.world_size):
+        pid = 2_900_000 + rank * 1_373 % 900_000
+        devices[rank] = Device(rank, cfg.max_connections_1)
+        hosts[rank] = Host(rank, devices[rank], cfg.seed, pid, pid, pid + 9_503)
+        hosts[rank].t = 50.0 * (rank % 7) / 7.0  # processes do not start in lockstep
+        marks[rank] = []
+        programs[rank] = _program(RankStep(cfg, hosts[rank], fabric), cfg, marks[rank])
+    run(programs, devices)
+    return SimResult(cfg, [_window(cfg, rank, hosts[rank], devices[rank], marks[rank])
+                           for rank in range(cfg.world_size)])
+
+
+def _program(rank_step: RankStep, cfg: SimConfig, marks: list[float]):
+    first = cfg.first_step - WARMUP_STEPS
+    for step in range(first, cfg.first_step + cfg.steps):
+        if step == cfg.first_step:
+            marks.append(rank_step.host.t)  # profiler window starts with the first profiled step
+        yield from rank_step.step(step)
+    marks.append(rank_step.host.t)
+
+
+def _window(cfg: SimConfig, rank: int, host: Host, device: Device, marks: list[float]) -> RankRun:
+    start, end = marks
+    cpu = []
+    for ev in host.cpu:
+        if ev.ts + ev.dur < start or ev.ts > end:
+            continue
+        if ev.ts < start:  # frames open when profiling began are recorded from the window start
+            ev = CpuEvent(ev.cat, ev.name, ev.tid, start, ev.ts + ev.dur - start, ev.args, ev.flow)
+        cpu.append(ev)
+    gpu = [op for op in device.ops if start <= op.launch_ts <= end]
+    syncs = [s for s in host.syncs if start <= s.ts <= end]
+    offsets = cfg.clock_offset_us
+    node = rank // cfg.gpus_per_node
+    return RankRun(rank, node, rank % cfg.gpus_per_node, host.pid, host.main_tid, host.autograd_tid,
+                   offsets[node] if node < len(offsets) else 0.0, cpu, syncs, gpu, (start, end))

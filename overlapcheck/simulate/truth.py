@@ -1,0 +1,144 @@
+"""The exact expected metrics of a simulated set, computed from the simulator's own intervals as
+written in the trace (rounded ts and dur), following docs/metrics.md. Independent of
+overlapcheck.analysis on purpose: it has its own small interval code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from overlapcheck.simulate.sim import RankRun, SimResult
+
+KINDS = ("all", "reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv", "broadcast", "other")
+Intervals = list[tuple[float, float]]
+
+
+def merge(intervals: Intervals) -> Intervals:
+    """Sorted, non-overlapping union of half-open intervals."""
+    out: Intervals = []
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def length(merged: Intervals) -> float:
+    return sum(e - s for s, e in merged)
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """Intersection of two merged interval lists."""
+    out: Intervals = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < e:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """a minus b, both merged."""
+    out: Intervals = []
+    j = 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def _r(x: float) -> float:
+    return round(x, 4)
+
+
+def split(comm: list[tuple[str, float, float]], compute: Intervals) -> dict[str, dict[str, Any]]:
+    """The COLLECTIVES object: count/time/overlapped/exposed/overlap per kind and `all`."""
+    out = {}
+    for kind in KINDS:
+        ivs = [(s, e) for k, s, e in comm if kind == "all" or k == kind]
+        merged = merge(ivs)
+        time = length(merged)
+        over = length(intersect(merged, compute))
+        out[kind] = {"count": len(ivs), "time_us": _r(time), "overlapped_us": _r(over),
+                     "exposed_us": _r(time - over), "overlap": (over / time) if time > 0 else None}
+    return out
+
+
+def copies(ivs: Intervals, compute: Intervals, comm_all: Intervals) -> dict[str, Any]:
+    merged = merge(ivs)
+    exposed = subtract(subtract(merged, compute), comm_all)
+    return {"count": len(ivs), "time_us": _r(length(merged)), "exposed_us": _r(length(exposed))}
+
+
+def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
+    """The RANK fields of docs/report-schema.md for one simulated rank."""
+    acts = []  # (cls, collective, start, end, launch ts) in trace time
+    for op in run.gpu:
+        ts, dur = run.span(op.start, op.end)
+        launch = run.ts(op.launch_ts)
+        acts.append((op.cls, op.collective or "", ts, ts + dur, launch))
+    compute = merge([(s, e) for c, _, s, e, _ in acts if c == "compute"])
+    comm = [(k, s, e) for c, k, s, e, _ in acts if c == "comm"]
+    comm_all = merge([(s, e) for _, s, e in comm])
+    steps = []
+    for ev in run.cpu:
+        if ev.cat != "user_annotation" or not ev.name.startswith("ProfilerStep#"):
+            continue
+        ts, dur = run.span(ev.ts, ev.ts + ev.dur)
+        mine = [a for a in acts if ts <= a[4] <= ts + dur]
+        start = min((a[2] for a in mine), default=ts)
+        duration = (max(a[3] for a in mine) - start) if mine else dur
+        colls = split([(k, s, e) for c, k, s, e, _ in mine if c == "comm"], compute)
+        steps.append({
+            "step": int(ev.name.split("#", 1)[1]), "start_us": _r(start), "duration_us": _r(duration),
+            "cpu_duration_us": _r(dur),
+            "compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in mine if c == "compute"]))),
+            "exposed_share": (colls["all"]["exposed_us"] / duration) if duration > 0 else None,
+            "collectives": colls,
+            "memcpy": copies([(s, e) for c, _, s, e, _ in mine if c == "memcpy"], compute, comm_all),
+            "memset": copies([(s, e) for c, _, s, e, _ in mine if c == "memset"], compute, comm_all),
+        })
+    span = (max(a[3] for a in acts) - min(a[2] for a in acts)) if acts else 0.0
+    busy = length(merge([(s, e) for _, _, s, e, _ in acts]))
+    step_time = sum(s["duration_us"] for s in steps) if steps else span
+    colls = split(comm, compute)
+    return {
+        "rank": run.rank, "source": source, "world_size": None, "backend": "nccl", "host": f"node-{run.node}",
+        "lanes": "gpu", "span_us": _r(span), "busy_us": _r(busy), "compute_us": _r(length(compute)),
+        "idle_us": _r(span - busy), "step_time_us": _r(step_time),
+        "exposed_share": (colls["all"]["exposed_us"] / step_time) if step_time > 0 else None,
+        "collectives": colls,
+        "memcpy": copies([(s, e) for c, _, s, e, _ in acts if c == "memcpy"], compute, comm_all),
+        "memset": copies([(s, e) for c, _, s, e, _ in acts if c == "memset"], compute, comm_all),
+        "steps": steps,
+    }
+
+
+def set_truth(result: SimResult, sources: list[str]) -> list[dict[str, Any]]:
+    ranks = []
+    for run, source in zip(result.ranks, sources, strict=True):
+        truth = rank_truth(run, source)
+        truth["world_size"] = result.cfg.world_size
+        ranks.append(truth)
+    return ranks
+
+
+def mean_step_time(ranks: list[dict[str, Any]]) -> float:
+    """Mean over ranks of the rank's step time per profiled step (the cost unit of causes)."""
+    per_rank = [r["step_time_us"] / max(len(r["steps"]), 1) for r in ranks]
+    return sum(per_rank) / len(per_rank)
