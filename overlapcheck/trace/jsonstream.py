@@ -1,13 +1,19 @@
 """Stream the events of a Chrome-trace JSON file in pieces, never holding the whole file in memory.
 
 A trace is either `{"traceEvents": [...], ...metadata...}` or, from torch 1.8, a bare `[...]` event list. We
-read the (possibly gzipped) bytes in chunks, find the byte ranges of complete event objects with a vectorized
-scan of the JSON structure (braces and brackets outside strings), and hand each run of complete events to a
-typed msgspec decoder. Everything outside the event array (a few KB of metadata) is decoded once at the end.
+read the (possibly gzipped) bytes in chunks and hand each run of complete event objects to a typed msgspec
+decoder. Everything outside the event array (a few KB of metadata) is decoded once at the end.
+
+Where a run of events ends is found cheaply: the last `}` `,` `{` in the chunk's tail is taken as the boundary
+between two events, and the decoder checks it, since `[` + run + `]` is valid JSON only when the run is a
+sequence of whole events (a cut inside a string or a nested value leaves it unterminated or unbalanced). When the
+guess fails, or the array closes in this chunk, a vectorized scan of the JSON structure (braces and brackets
+outside strings) finds the exact ranges instead.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 import zlib
@@ -20,12 +26,34 @@ import numpy as np
 from overlapcheck.errors import UserError
 
 CHUNK = 16 << 20
+TAIL = 1 << 20  # where to look for the last event boundary of a chunk
 
 _OPEN = np.zeros(256, dtype=np.int8)
 _OPEN[ord("{")] = _OPEN[ord("[")] = 1
 _OPEN[ord("}")] = _OPEN[ord("]")] = -1
 _KEY_BEFORE = re.compile(rb'"traceEvents"\s*:\s*$')
 _QUOTE, _BACKSLASH = 34, 92
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_LEADING = re.compile(rb"\s*,?")  # what precedes the first event of a run
+
+
+@functools.cache
+def _codec_errors() -> tuple[type[BaseException], ...]:
+    """ISA-L's decompression error, when python-isal is installed."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return ()
+    return (isal_zlib.error,)
+
+
+def _gzip_reader(f: IO[bytes]) -> IO[bytes]:
+    """A gzip reader over `f`: ISA-L's (several times faster) when python-isal is installed, else the stdlib's."""
+    try:
+        from isal import igzip
+    except ImportError:
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    return igzip.IGzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
 
 
 def open_bytes(path: str) -> IO[bytes]:
@@ -40,7 +68,7 @@ def open_bytes(path: str) -> IO[bytes]:
         raise UserError(f"cannot read: {exc.strerror}", path) from None
     if f.read(2) == b"\x1f\x8b":
         f.seek(0)
-        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+        return _gzip_reader(f)
     f.seek(0)
     return f
 
@@ -96,7 +124,7 @@ class TraceStream:
         raw = f.fileobj if isinstance(f, gzip.GzipFile) else f  # for progress in file bytes
         header = b""  # bytes before the event array
         trailer: list[bytes] = []  # bytes after it
-        carry = b""  # an incomplete event, re-scanned with the next chunk
+        carry = b""  # bytes after the last decoded event: an incomplete event, re-scanned with the next chunk
         events_depth = -1  # nesting depth inside the event array; -1 until found
         in_array = False
         done = False
@@ -125,6 +153,11 @@ class TraceStream:
                     in_array = True
                 else:
                     carry += chunk
+                batch, carry = self._guess_split(carry)
+                if batch is not None:
+                    if batch:
+                        yield batch
+                    continue
                 batch, carry, rest = self._split(carry, events_depth)
                 if batch:
                     yield self._decode(batch)
@@ -132,7 +165,14 @@ class TraceStream:
                     trailer.append(rest)
                     carry = b""
                     done = True
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            if in_array and not done:  # the array closes in the last bytes: find it exactly
+                batch, carry, rest = self._split(carry, events_depth)
+                if batch:
+                    yield self._decode(batch)
+                if rest is not None:
+                    trailer.append(rest)
+                    done = True
+        except (EOFError, zlib.error, gzip.BadGzipFile, *_codec_errors()) as exc:
             raise UserError(f"corrupt or truncated gzip data ({exc})", path) from None
         finally:
             f.close()
@@ -143,6 +183,29 @@ class TraceStream:
         if not done:
             raise UserError("truncated JSON: the event array never closes", path)
         self._read_metadata(header, b"".join(trailer))
+
+    def _guess_split(self, buf: bytes) -> tuple[list | None, bytes]:
+        """Decode the events of `buf` up to the last `},{` in its tail, if that is an event boundary.
+
+        Returns (events, rest of buf), or (None, buf) when there is no such boundary or the decoder says the guess
+        was wrong (or the data is malformed: the exact scan then finds and reports it).
+        """
+        tail = max(0, len(buf) - TAIL)
+        last = None
+        for last in _BOUNDARY.finditer(buf, tail):  # noqa: B007 - only the last match is wanted
+            pass
+        if last is None:
+            return None, buf
+        cut = last.start() + 1
+        body = bytearray(b"[")
+        first = _LEADING.match(buf).end()  # type: ignore[union-attr] - always matches
+        body += memoryview(buf)[first:cut]
+        body += b"]"
+        try:
+            events = self.decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None, buf
+        return events, buf[cut:]
 
     def _find_array(self, header: bytes) -> tuple[int, int] | None:
         """Byte offset just inside the event array and the depth there, or None if not in `header` yet."""

@@ -84,24 +84,35 @@ class TraceModel:
 
 
 class _Columns:
-    """Row-wise appends into per-column Python lists, flushed into numpy arrays batch by batch."""
+    """Row tuples appended batch by batch, flushed into structured numpy arrays."""
 
     def __init__(self, columns: dict[str, type]):
         self.columns = columns
+        self.dtype = np.dtype(list(columns.items()))
         self.rows: list[tuple] = []
         self.parts: list[np.ndarray] = []  # structured arrays
 
     def flush(self) -> None:
         if self.rows:
-            dtype = np.dtype(list(self.columns.items()))
-            self.parts.append(np.array(self.rows, dtype=dtype))
+            self.parts.append(np.array(self.rows, dtype=self.dtype))
             self.rows = []
 
     def table(self) -> Table:
         self.flush()
-        dtype = np.dtype(list(self.columns.items()))
-        data = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=dtype)
+        data = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=self.dtype)
+        self.parts = []
         return Table({c: np.ascontiguousarray(data[c]) for c in self.columns})
+
+
+# what the builder does with an `X` event, by category
+_KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _SYNC = 0, 1, 2, 3, 4
+_OP = 5  # _OP + kind for cpu_op / user_annotation / python_function
+_FAMILY: dict[str | None, int] = {
+    **dict.fromkeys(C.KERNEL_CATS, _KERNEL), **dict.fromkeys(C.MEMCPY_CATS, _MEMCPY),
+    **dict.fromkeys(C.MEMSET_CATS, _MEMSET), **dict.fromkeys(C.RUNTIME_CATS, _RUNTIME), "cuda_sync": _SYNC,
+    **{cat: _OP + kind for cat, kind in _OP_KIND.items()},
+}  # fmt: skip
+_COLLECTIVE_INDEX = {kind: i for i, kind in enumerate(C.COLLECTIVES)}
 
 
 class ModelBuilder:
@@ -119,6 +130,7 @@ class ModelBuilder:
         self.steps: list[tuple[int, float, float]] = []
         self._threads: dict[tuple[Any, Any], int] = {}
         self._thread_names: dict[tuple[Any, Any], str] = {}
+        self._is_comm: dict[str, bool] = {}  # kernel name -> NCCL/RCCL kernel
 
     def intern(self, text: str | None) -> int:
         if text is None:
@@ -137,74 +149,102 @@ class ModelBuilder:
         return idx
 
     def add(self, events: list[Event]) -> None:
-        """Add one decoded batch. Hot loop: keep it flat."""
+        """Add one decoded batch.
+
+        The hot loop of the reader (about 1 us an event): one dict lookup dispatches on the category, names and
+        threads are looked up inline, each row is one tuple.
+        """
         gpu_rows, rt_rows, op_rows = self.gpu.rows, self.runtime.rows, self.ops.rows
-        intern, thread = self.intern, self.thread
+        index, intern, threads = self._index, self.intern, self._threads
+        family_of = _FAMILY.get
         for ev in events:
             ph = ev.ph
             if ph != "X":
-                if ph == "s" and ev.cat in _FLOW_CATS and ev.ts is not None:
-                    corr = _as_int(ev.id)
-                    if corr is not None:
-                        self.flows.rows.append((ev.ts, thread(ev.pid, ev.tid), corr))
-                elif ph == "M" and ev.name == "thread_name" and ev.args is not None and ev.args.name:
-                    self._thread_names[(ev.pid, ev.tid)] = ev.args.name
+                if ph == "s" or ph == "M":
+                    self._add_other(ev)
                 continue
-            cat = ev.cat
+            family = family_of(ev.cat)
+            if family is None:
+                continue
             ts = ev.ts
             if ts is None:
                 continue
-            dur = ev.dur if ev.dur is not None and ev.dur > 0 else 0.0
-            args = ev.args
+            dur = ev.dur
+            end = ts + dur if dur is not None and dur > 0 else ts + 0.0
             name = ev.name or ""
-            if cat in C.GPU_CATS:
-                self._add_gpu(gpu_rows, cat, name, ts, dur, args, ev.tid)
-            elif cat in C.RUNTIME_CATS:
-                corr = args.correlation if args is not None and args.correlation is not None else -1
-                rt_rows.append((ts, ts + dur, thread(ev.pid, ev.tid), corr, intern(name)))
-            elif cat in _OP_KIND:
-                kind = _OP_KIND[cat]
-                op_rows.append((ts, ts + dur, thread(ev.pid, ev.tid), intern(name), kind))
+            if family >= _OP:
+                key = (ev.pid, ev.tid)
+                thread = threads.get(key)
+                if thread is None:
+                    thread = threads[key] = len(threads)
+                idx = index.get(name)
+                if idx is None:
+                    idx = intern(name)
+                kind = family - _OP
+                op_rows.append((ts, end, thread, idx, kind))
                 if kind != PYTHON and name.startswith("ProfilerStep#"):
                     m = _STEP.match(name)
                     if m:
-                        self.steps.append((int(m.group(1)), ts, ts + dur))
-            elif cat == "cuda_sync":
-                a = args
+                        self.steps.append((int(m.group(1)), ts, end))
+            elif family == _RUNTIME:
+                key = (ev.pid, ev.tid)
+                thread = threads.get(key)
+                if thread is None:
+                    thread = threads[key] = len(threads)
+                args = ev.args
+                corr = args.correlation if args is not None else None
+                idx = index.get(name)
+                if idx is None:
+                    idx = intern(name)
+                rt_rows.append((ts, end, thread, corr if corr is not None else -1, idx))
+            elif family == _SYNC:
+                a = ev.args
                 self.syncs.rows.append((
-                    ts, ts + dur, _stream_of(a, ev.tid), intern(name),
+                    ts, end, _stream_of(a, ev.tid), intern(name),
                     a.wait_on_stream if a is not None and a.wait_on_stream is not None else -1,
                     a.correlation if a is not None and a.correlation is not None else -1,
                 ))  # fmt: skip
+            else:
+                gpu_rows.append(self._gpu_row(family, name, ts, end, ev))
         for cols in (self.gpu, self.runtime, self.ops, self.syncs, self.flows):
             cols.flush()
 
-    def _add_gpu(self, rows: list, cat: str, name: str, ts: float, dur: float, args: Any, tid: Any) -> None:
+    def _add_other(self, ev: Event) -> None:
+        """A flow start (CPU side of a correlation) or a thread_name metadata event."""
+        if ev.ph == "s":
+            if ev.cat in _FLOW_CATS and ev.ts is not None:
+                corr = _as_int(ev.id)
+                if corr is not None:
+                    self.flows.rows.append((ev.ts, self.thread(ev.pid, ev.tid), corr))
+        elif ev.name == "thread_name" and ev.args is not None and ev.args.name:
+            self._thread_names[(ev.pid, ev.tid)] = ev.args.name
+
+    def _gpu_row(self, family: int, name: str, ts: float, end: float, ev: Event) -> tuple:
+        args = ev.args
         coll = C.NO_COLLECTIVE
-        pg = nelems = dtype = -1
-        nbytes = -1
-        if cat in C.KERNEL_CATS:
-            if C.is_comm_kernel(name):
+        if family == _KERNEL:
+            is_comm = self._is_comm.get(name)
+            if is_comm is None:
+                is_comm = self._is_comm[name] = C.is_comm_kernel(name)
+            if is_comm:
                 cls = C.COMM
-                collective_arg = args.collective if args is not None else None
-                coll = C.COLLECTIVES.index(C.collective_of(name, collective_arg))
+                coll = _COLLECTIVE_INDEX[C.collective_of(name, args.collective if args is not None else None)]
             else:
                 cls = C.COMPUTE
         else:
-            cls = C.MEMCPY if cat in C.MEMCPY_CATS else C.MEMSET
-        if args is not None:
-            pg_value = args.pg_name if args.pg_name is not None else args.pg_id
-            pg = self.intern(str(pg_value)) if pg_value is not None else -1
-            n = args.in_nelems if args.in_nelems is not None else args.in_size
-            nelems = n if n is not None else -1
-            dtype = self.intern(args.dtype)
-            nbytes = args.nbytes if args.nbytes is not None else -1
-            corr = args.correlation if args.correlation is not None else -1
-            device = _as_int(args.device)
-        else:
-            corr, device = -1, None
-        rows.append((ts, ts + dur, _stream_of(args, tid), device if device is not None else -1, corr, cls, coll,
-                     self.intern(name), pg, nelems, dtype, nbytes))  # fmt: skip
+            cls = C.MEMCPY if family == _MEMCPY else C.MEMSET
+        if args is None:
+            return (ts, end, _stream_of(None, ev.tid), -1, -1, cls, coll, self.intern(name), -1, -1, -1, -1)
+        intern = self.intern
+        pg_value = args.pg_name if args.pg_name is not None else args.pg_id
+        pg = intern(str(pg_value)) if pg_value is not None else -1
+        n = args.in_nelems if args.in_nelems is not None else args.in_size
+        dtype = intern(args.dtype)
+        device = args.device if type(args.device) is int else _as_int(args.device)
+        stream = args.stream if type(args.stream) is int else _stream_of(args, ev.tid)
+        return (ts, end, stream, device if device is not None else -1,
+                args.correlation if args.correlation is not None else -1, cls, coll, intern(name), pg,
+                n if n is not None else -1, dtype, args.nbytes if args.nbytes is not None else -1)  # fmt: skip
 
     def build(self, metadata: dict[str, Any]) -> TraceModel:
         steps = sorted(self.steps, key=lambda s: s[1])
