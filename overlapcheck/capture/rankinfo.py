@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -81,10 +82,8 @@ def resolved_ds_config(engine: Any) -> dict[str, Any] | None:
     zero = getattr(cfg, "zero_config", None)
     dump = getattr(zero, "model_dump", None) or getattr(zero, "dict", None)
     if dump is not None:
-        try:
+        with contextlib.suppress(Exception):
             out["zero_optimization"] = _jsonable(dump())
-        except Exception:  # noqa: BLE001
-            pass
     return _jsonable(out)
 
 

@@ -1,0 +1,146 @@
+"""Launcher adapters: recognise the user's launch command and adapt it so every rank gets the capture env.
+
+Supported: `deepspeed` (and `python -m deepspeed.launcher.runner`), `torchrun` (and
+`python -m torch.distributed.run|launch`), `srun`, `python ...`, and anything else that passes its
+environment to its children. Only `srun --export=...` is rewritten; DeepSpeed's multi-node runner gets
+the variables through its env file (see `propagation`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from overlapcheck.errors import UserError
+
+# deepspeed runner options that take a value (deepspeed/launcher/runner.py::parse_args, 0.14-0.19)
+_DS_VALUE_OPTS = {
+    "-H", "--hostfile", "-i", "--include", "-e", "--exclude", "--num_nodes", "--min_elastic_nodes",
+    "--max_elastic_nodes", "--num_gpus", "--num_accelerators", "--master_port", "--master_addr",
+    "--node_rank", "--launcher", "--launcher_args", "--ssh_port", "--elastic_training_config",
+    "--enable_each_rank_log", "--bind_core_list", "--log_level", "--comment", "--account",
+    "--venv_script", "--autotuning", "--save_pid_file",
+}
+# torchrun options that take a value (torch/distributed/run.py::get_args_parser), both spellings
+_TORCHRUN_VALUE_OPTS = {
+    "--nnodes", "--nproc_per_node", "--nproc-per-node", "--rdzv_backend", "--rdzv-backend",
+    "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_id", "--rdzv-id", "--rdzv_conf", "--rdzv-conf",
+    "--max_restarts", "--max-restarts", "--monitor_interval", "--monitor-interval", "--start_method",
+    "--start-method", "--role", "--node_rank", "--node-rank", "--master_addr", "--master-addr",
+    "--master_port", "--master-port", "--local_addr", "--local-addr", "--log_dir", "--log-dir", "-r",
+    "--redirects", "-t", "--tee", "--local_ranks_filter", "--local-ranks-filter", "--logs_specs",
+    "--logs-specs", "--numa_binding", "--numa-binding", "--event_log_handler", "--event-log-handler",
+    "--signals_to_handle", "--signals-to-handle", "--virtual_local_rank", "--virtual-local-rank",
+    "--duplicate_stdout_filters", "--duplicate-stdout-filters", "--duplicate_stderr_filters",
+    "--duplicate-stderr-filters",
+}
+_DS_MODULES = {"deepspeed.launcher.runner"}
+_TORCHRUN_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `overlapcheck run` needs to know about the user's command."""
+
+    kind: str                    # "deepspeed" | "torchrun" | "srun" | "python" | "other"
+    argv: list[str]              # the command to run (only srun's --export may be rewritten)
+    node_rank: int = 0           # this launch's node when every node is launched separately
+    per_node: bool = False       # True: one `overlapcheck run` per node (--no_ssh, torchrun --nnodes>1)
+    hostfile: str | None = None  # deepspeed: the hostfile it will read, when it exists
+
+
+def plan(argv: list[str], forward: list[str]) -> LaunchPlan:
+    """Recognise `argv`; `forward` names the env variables every rank needs (for srun --export)."""
+    if not argv:
+        raise UserError("no command given: use `overlapcheck run [OPTIONS] -- <your launch command>`")
+    exe = os.path.basename(argv[0])
+    module, rest = _python_module(argv)
+    if exe == "deepspeed" or module in _DS_MODULES:
+        return _deepspeed(argv, argv[1:] if module is None else rest)
+    if exe == "torchrun" or module in _TORCHRUN_MODULES:
+        return _torchrun(argv, argv[1:] if module is None else rest)
+    if exe == "srun":
+        return LaunchPlan("srun", _srun_export(argv, forward))
+    if exe.startswith("python"):
+        return LaunchPlan("python", list(argv))
+    return LaunchPlan("other", list(argv))
+
+
+def _python_module(argv: list[str]) -> tuple[str | None, list[str]]:
+    """For `python [-u ...] -m MODULE args`, return (MODULE, args)."""
+    if not os.path.basename(argv[0]).startswith("python"):
+        return None, []
+    for i, tok in enumerate(argv[1:], start=1):
+        if tok == "-m" and i + 1 < len(argv):
+            return argv[i + 1], argv[i + 2:]
+        if not tok.startswith("-"):
+            break
+    return None, []
+
+
+def launcher_options(args: list[str], value_opts: set[str]) -> dict[str, str]:
+    """The launcher's own options (before the script): {"--opt": "value" or "" for flags}."""
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("-") or tok == "--":
+            break
+        name, eq, value = tok.partition("=")
+        if not eq and name in value_opts and i + 1 < len(args):
+            value = args[i + 1]
+            i += 1
+        found[name] = value
+        i += 1
+    return found
+
+
+def _deepspeed(argv: list[str], args: list[str]) -> LaunchPlan:
+    opts = launcher_options(args, _DS_VALUE_OPTS)
+    hostfile = opts.get("--hostfile", opts.get("-H", "/job/hostfile"))
+    per_node = "--no_ssh" in opts
+    node_rank = _int_opt(opts, "--node_rank", 0) if per_node else 0
+    return LaunchPlan("deepspeed", list(argv), node_rank=node_rank, per_node=per_node,
+                      hostfile=hostfile if os.path.isfile(hostfile) else None)
+
+
+def _torchrun(argv: list[str], args: list[str]) -> LaunchPlan:
+    opts = launcher_options(args, _TORCHRUN_VALUE_OPTS)
+    nnodes = opts.get("--nnodes", "1")
+    per_node = nnodes.split(":")[-1] not in ("1", "")
+    node_rank = _int_opt(opts, "--node_rank", _int_opt(opts, "--node-rank", 0))
+    return LaunchPlan("torchrun", list(argv), node_rank=node_rank, per_node=per_node)
+
+
+def _srun_export(argv: list[str], forward: list[str]) -> list[str]:
+    """srun forwards the whole environment unless --export limits it: then add our variables' names."""
+    out = list(argv)
+    for i, tok in enumerate(out[1:], start=1):
+        if not tok.startswith("-"):
+            break  # the program srun runs: its own options are not srun's
+        if tok == "--export" and i + 1 < len(out):
+            out[i + 1] = _export_value(out[i + 1], forward)
+            break
+        if tok.startswith("--export="):
+            out[i] = "--export=" + _export_value(tok.split("=", 1)[1], forward)
+            break
+    return out
+
+
+def _export_value(value: str, forward: list[str]) -> str:
+    items = [v for v in value.split(",") if v]
+    if any(v.upper() == "ALL" for v in items):
+        return value
+    if len(items) == 1 and items[0].upper() in ("NONE", "NIL"):
+        items = []  # NONE cannot be combined with names; a name list still excludes everything else
+    names = {v.split("=", 1)[0] for v in items}
+    return ",".join(items + [n for n in forward if n not in names])
+
+
+def _int_opt(opts: dict[str, str], name: str, default: int) -> int:
+    if name not in opts:
+        return default
+    try:
+        return int(opts[name])
+    except ValueError:
+        raise UserError(f"{name} must be an integer, got {opts[name]!r}") from None

@@ -1,0 +1,118 @@
+"""run.json: the run manifest, merged by the launcher from the per-rank and per-launcher status files.
+
+Each rank writes only `status/rank<R>.json`, each summary process only `status/rank<R>.summary.json`, each
+`overlapcheck run` process only `status/launcher<N>.json`; `merge()` reads them all and every launcher
+rewrites run.json atomically when it finishes, so the last one to finish writes the complete view.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import importlib.metadata
+import os
+import re
+import sys
+from typing import Any
+
+from overlapcheck import __version__
+from overlapcheck.capture import layout
+from overlapcheck.capture.atomic import read_json
+
+SCHEMA = "overlapcheck.run/1"
+_RANK_FILE = re.compile(r"rank(\d+)\.json$")
+_LAUNCHER_FILE = re.compile(r"launcher(\d+)\.json$")
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Package versions as installed for the launcher's Python (without importing them)."""
+    out: dict[str, str | None] = {"python": sys.version.split()[0], "overlapcheck": __version__}
+    for dist in ("torch", "deepspeed"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def read_statuses(out: str) -> tuple[dict[int, dict], dict[int, dict], dict[int, dict], list[dict]]:
+    """(rank statuses, summary statuses, launcher statuses, errors) found in the run folder."""
+    ranks: dict[int, dict] = {}
+    summaries: dict[int, dict] = {}
+    launchers: dict[int, dict] = {}
+    errors: list[dict] = []
+    for path in sorted(glob.glob(os.path.join(out, layout.STATUS_DIR, "*.json"))):
+        name = os.path.basename(path)
+        doc = read_json(path)
+        if doc is None:
+            errors.append({"source": os.path.relpath(path, out), "error": "unreadable status file"})
+            continue
+        if name.endswith(".summary.json"):
+            summaries[int(name[4:-len(".summary.json")])] = doc
+        elif m := _RANK_FILE.match(name):
+            ranks[int(m.group(1))] = doc
+        elif m := _LAUNCHER_FILE.match(name):
+            launchers[int(m.group(1))] = doc
+    return ranks, summaries, launchers, errors
+
+
+def rank_entry(out: str, rank: int, status: dict, summary: dict | None) -> dict[str, Any]:
+    """One rank's line in run.json: where it ran, whether its capture and summary succeeded."""
+    capture = dict(status.get("capture") or {})
+    trace = layout.trace_path(out, rank)
+    capture["trace"] = os.path.basename(trace) if os.path.isfile(trace) else None
+    if capture.get("status") in ("waiting", "recording") and capture["trace"] is None:
+        capture["error"] = capture.get("error") or (
+            f"the rank stopped while its capture was {capture['status']!r} (killed, or the job failed)")
+    summ = dict(status.get("summary") or {"status": "not_started"})
+    if summary is not None:
+        summ = {**summ, **summary}
+    summ.pop("pid", None)
+    summ.pop("host", None)
+    summ["file"] = os.path.basename(layout.summary_path(out, rank)) if summ.get("status") == "ok" else None
+    return {"rank": rank, "host": status.get("host"), "local_rank": status.get("local_rank"),
+            "pid": status.get("pid"), "driver": status.get("driver"), "gpu": status.get("gpu"),
+            "capture": capture, "summary": summ, "errors": status.get("errors") or []}
+
+
+def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
+    """Build run.json from everything in the run folder; `own_launcher` is this process's status."""
+    ranks, summaries, launchers, errors = read_statuses(out)
+    launchers[int(own_launcher["node_rank"])] = own_launcher
+    first = launchers[min(launchers)]
+    by_rank = [ranks[r] for r in sorted(ranks)]
+    lead = by_rank[0] if by_rank else {}
+    world = max([int(s.get("world_size") or 0) for s in by_rank], default=0) or None
+    versions = {"cuda": None, "nccl": None, **first.get("versions", {})}
+    versions.update({k: v for k, v in (lead.get("versions") or {}).items() if v is not None})
+    ds_config = next((s["ds_config"] for s in by_rank if s.get("ds_config")), None)
+    hosts = sorted({h for h in [*(s.get("host") for s in by_rank),
+                                *(lt.get("host") for lt in launchers.values())] if h})
+    unfinished = [n for n, lt in launchers.items() if lt.get("finished_at") is None]
+    return {
+        "schema": SCHEMA,
+        "tool": {"name": "overlapcheck", "version": __version__},
+        "status": "running" if unfinished else "finished",
+        "command": first.get("command"),
+        "launcher": first.get("kind"),
+        "cwd": first.get("cwd"),
+        "started_at": min(lt.get("started_at") or "" for lt in launchers.values()) or None,
+        "finished_at": None if unfinished else max(lt.get("finished_at") or "" for lt in launchers.values()),
+        "exit_code": first.get("exit_code"),
+        "profiler": {**first.get("profiler", {}), "cuda_sync_events": lead.get("cuda_sync_events")},
+        "versions": versions,
+        "env": lead.get("env", first.get("env", {})),
+        "ds_config": ds_config,
+        "world_size": world,
+        "backend": lead.get("backend"),
+        "hosts": hosts,
+        "gpus": sorted({s["gpu"] for s in by_rank if s.get("gpu")}),
+        "launches": [launchers[n] for n in sorted(launchers)],
+        "ranks": [rank_entry(out, r, ranks[r], summaries.get(r)) for r in sorted(ranks)],
+        "missing_ranks": sorted(set(range(world or 0)) - set(ranks)),
+        "errors": errors,
+    }
