@@ -35,6 +35,8 @@ STRAGGLER_MARGIN = 0.05  # compute this much above the median marks a possible s
 KIND_LABELS = {"all": "all", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather",
                "all_reduce": "all-reduce", "all_to_all": "all-to-all", "send_recv": "send/recv",
                "broadcast": "broadcast", "other": "other"}
+KIND_SHORT = {"reduce_scatter": "RS", "all_gather": "AG", "all_reduce": "AR", "all_to_all": "A2A",
+              "send_recv": "P2P", "broadcast": "BC", "other": "other"}
 CLASS_COLORS = {"compute": "#4f7fd9", "comm:reduce_scatter": "#f08c2e", "comm:all_gather": "#8e5bd6",
                 "comm:all_reduce": "#1aa39a", "comm:all_to_all": "#c9a400", "comm:send_recv": "#9a6b45",
                 "comm:broadcast": "#d465b3", "comm:other": "#7b8794", "comm": "#7b8794",
@@ -117,6 +119,7 @@ def build_view(report: dict) -> dict[str, Any]:
         "n_ranks": len(ranks),
         "verdict": verdict(report, ranks),
         "ranks": rank_rows(ranks, timelines),
+        "kind_columns": kind_columns(ranks),
         "collectives": collective_bars(ranks),
         "crossrank": crossrank(ranks, report.get("findings") or []),
         "findings": [finding_view(f) for f in report.get("findings") or [] if isinstance(f, dict)],
@@ -177,6 +180,7 @@ def rank_rows(ranks: list[dict], timelines: dict) -> list[dict[str, Any]]:
     worst = min((r for r in ranks if rank_overlap(r, "all") is not None),
                 key=lambda r: rank_overlap(r, "all") or 0.0, default=None)
     has_tl = {t["rank"] for t in timelines["ranks"]}
+    kinds = kind_columns(ranks)
     rows = []
     for r in ranks:
         allc = _split(r, "all")
@@ -186,13 +190,17 @@ def rank_rows(ranks: list[dict], timelines: dict) -> list[dict[str, Any]]:
             "step_time_us": _num(r.get("step_time_us")), "compute_us": _num(r.get("compute_us")),
             "comm_us": _num(allc.get("time_us")), "exposed_us": _num(allc.get("exposed_us")),
             "overlap": _num(allc.get("overlap")),
-            "rs": _num(_split(r, "reduce_scatter").get("overlap")),
-            "ag": _num(_split(r, "all_gather").get("overlap")),
-            "ar": _num(_split(r, "all_reduce").get("overlap")),
+            "kinds": [_num(_split(r, kind).get("overlap")) for kind, _, _ in kinds],
             "exposed_share": _num(r.get("exposed_share")), "idle_us": _num(r.get("idle_us")),
             "worst": worst is r, "timeline": r.get("rank") in has_tl,
         })
     return rows
+
+
+def kind_columns(ranks: list[dict]) -> list[tuple[str, str, str]]:
+    """(kind, short label, tooltip) for each collective kind (not `all`) that some rank has."""
+    return [(k, KIND_SHORT[k], f"{KIND_LABELS[k]} overlap") for k in COLLECTIVE_KINDS[1:]
+            if any(_num(_split(r, k).get("count")) or _num(_split(r, k).get("time_us")) for r in ranks)]
 
 
 def collective_bars(ranks: list[dict], width: float = 470.0) -> list[dict[str, Any]]:
@@ -222,7 +230,7 @@ def crossrank(ranks: list[dict], findings: list, height: float = 150.0) -> dict[
     cols = []
     tops = [_num(r.get("step_time_us")) or 0.0 for r in ranks]
     scale = max(tops, default=0.0)
-    bar_w = max(4.0, min(28.0, 900.0 / max(len(ranks), 1)))
+    bar_w = max(4.0, min(44.0, 900.0 / max(len(ranks), 1)))
     for i, r in enumerate(ranks):
         total = _num(r.get("step_time_us")) or 0.0
         compute = min(_num(r.get("compute_us")) or 0.0, total)
@@ -254,8 +262,8 @@ def crossrank(ranks: list[dict], findings: list, height: float = 150.0) -> dict[
         "stragglers": stragglers[:8], "n_stragglers": len(stragglers),
         "median_compute_us": median_compute,
         "spread": max(step_times) / min(step_times) - 1 if len(step_times) > 1 else None,
-        "findings": [finding_view(f) for f in findings
-                     if isinstance(f, dict) and "straggl" in str(f.get("rule", "")).lower()],
+        "findings": [(i, finding_view(f)) for i, f in enumerate(f for f in findings if isinstance(f, dict))
+                     if "straggl" in str(f.get("rule", "")).lower()],
     }
 
 

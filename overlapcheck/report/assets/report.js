@@ -121,6 +121,12 @@
   function xOf(t) { return GUTTER + (t - v0) / (v1 - v0) * (width - GUTTER - PAD); }
   function tOf(x) { return v0 + (x - GUTTER) / (width - GUTTER - PAD) * (v1 - v0); }
 
+  function fmtTick(t, step) {  /* axis labels: one unit per axis, only the decimals the step needs */
+    var unit = step >= 1e6 ? 1e6 : step >= 1e3 ? 1e3 : 1, name = unit === 1e6 ? ' s' : unit === 1e3 ? ' ms' : ' µs';
+    var digits = Math.max(0, Math.min(3, -Math.floor(Math.log10(step / unit) + 1e-9)));
+    return (t / unit).toFixed(digits) + name;
+  }
+
   function niceStep(span, n) {
     var raw = span / n, p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
     return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
@@ -155,7 +161,7 @@
     for (var t = Math.ceil(v0 / step) * step; t <= v1; t += step) {
       var x = xOf(t);
       ctx.beginPath(); ctx.moveTo(x + 0.5, AXIS - 4); ctx.lineTo(x + 0.5, height); ctx.stroke();
-      ctx.fillText(fmtUs(t), x, AXIS / 2);
+      ctx.fillText(fmtTick(t, step), x, AXIS / 2);
     }
     ctx.textAlign = 'left';
     ctx.save();
@@ -251,6 +257,7 @@
 
   canvas.addEventListener('wheel', function (ev) {
     ev.preventDefault();
+    tip.hidden = true;
     zoom(ev.deltaY < 0 ? 1 / 1.25 : 1.25, ev.clientX - canvas.getBoundingClientRect().left);
   }, {passive: false});
   canvas.addEventListener('mousedown', function (ev) {
