@@ -65,10 +65,10 @@ class RankCapture:
     def _begin(self) -> None:
         self.identity = rankinfo.identity()
         rank = self.identity["rank"]
+        os.makedirs(os.path.join(self.settings.out, layout.STATUS_DIR), exist_ok=True)  # a node without it
         if not self.settings.wants(rank):
             self.skipped = True
         else:
-            os.makedirs(os.path.join(self.settings.out, layout.STATUS_DIR), exist_ok=True)
             self.profiler = StepProfiler(self.settings.out, rank, self.settings.schedule,
                                          self.settings.with_stack, self._on_profiler_state)
         self.write_status()
@@ -87,7 +87,8 @@ class RankCapture:
         env = dict(os.environ)
         env[ENV_DISABLE] = "1"
         cmd = [sys.executable, "-m", "overlapcheck.capture.summary", "--trace", layout.trace_path(out, rank),
-               "--out", layout.summary_path(out, rank), "--status", layout.summary_status_path(out, rank)]
+               "--out", layout.summary_path(out, rank), "--status", layout.summary_status_path(out, rank),
+               "--rank-status", layout.rank_status_path(out, rank)]
         try:
             with open(layout.summary_log_path(out, rank), "wb") as log:
                 proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

@@ -72,12 +72,12 @@ def run(argv: list[str], settings: CaptureSettings, *, force: bool, out_given: b
         summary_timeout: float = 120.0) -> int:
     """Run the job under capture; returns its exit status (negative: killed by that signal)."""
     plan = launchers.plan(argv, forward=[*ENV_NAMES, "PYTHONPATH"])
-    if shutil.which(plan.argv[0]) is None:
-        raise UserError(f"command not found: {plan.argv[0]}")
     join = plan.per_node and plan.node_rank > 0
     if plan.per_node and not out_given:
         raise UserError("this command is launched once per node: give every node's `overlapcheck run` "
                         "the same --out (on a shared file system)")
+    if shutil.which(plan.argv[0]) is None:
+        raise UserError(f"command not found: {plan.argv[0]}")
     out = os.path.abspath(settings.out)
     prepare_out(out, force, join)
     settings_env = CaptureSettings(out, settings.schedule, settings.with_stack, settings.ranks).to_env()

@@ -15,28 +15,33 @@ import time
 from typing import Any
 
 from overlapcheck import __version__
-from overlapcheck.capture.atomic import atomic_write_json
+from overlapcheck.capture.atomic import atomic_write_json, read_json
 
 SCHEMA = "overlapcheck.report/1"
 
 
-def summarize(trace: str) -> dict[str, Any]:
-    """The one-rank report document for `trace`."""
-    from overlapcheck.analysis import analyze_trace
+def summarize(trace: str, ds_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one-rank report document for `trace`: its RANK, and that rank's own findings."""
+    from overlapcheck.analysis import Options, analyze_trace
 
-    rank_doc = analyze_trace(trace)
+    rank_doc = analyze_trace(trace, Options(config=ds_config))
+    findings = rank_doc.pop("_findings", [])
+    rank_doc.pop("_timeline", None)
     rank_doc["source"] = os.path.basename(trace)
     return {"schema": SCHEMA, "tool": {"name": "overlapcheck", "version": __version__},
-            "ranks": [rank_doc], "findings": []}
+            "ranks": [rank_doc], "findings": findings}
 
 
-def write_summary(trace: str, out: str, status: str) -> bool:
-    """Write the summary to `out` and the outcome to `status`; True on success. Never raises."""
+def write_summary(trace: str, out: str, status: str, rank_status: str | None = None) -> bool:
+    """Write the summary to `out` and the outcome to `status`; True on success. Never raises.
+
+    `rank_status` is the rank's status file, whose resolved ds_config the diagnosis rules may use."""
     from overlapcheck.capture.profiler import one_line
 
     started = time.perf_counter()
     try:
-        atomic_write_json(out, summarize(trace))
+        config = (read_json(rank_status) or {}).get("ds_config") if rank_status else None
+        atomic_write_json(out, summarize(trace, config))
         result: dict[str, Any] = {"status": "ok", "file": os.path.basename(out)}
     except Exception as exc:  # noqa: BLE001 - recorded in run.json instead
         result = {"status": "failed", "error": one_line(exc)}
@@ -51,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--status", required=True)
+    parser.add_argument("--rank-status", default=None)
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.nice(10)  # yield the CPU to the training processes
-    return 0 if write_summary(args.trace, args.out, args.status) else 1
+    return 0 if write_summary(args.trace, args.out, args.status, args.rank_status) else 1
 
 
 if __name__ == "__main__":
