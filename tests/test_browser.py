@@ -162,6 +162,25 @@ def test_64_rank_page_loads(driver, tmp_path):
     _full_page_screenshot(driver, "report64.png")
 
 
+@pytest.mark.skipif(not Path("/work/shared/traces/dlrm-8rank-v100").is_dir(), reason="needs the real DLRM traces")
+def test_real_dlrm_report_in_chromium(driver, tmp_path):
+    from click.testing import CliRunner
+    from selenium.webdriver.common.by import By
+
+    from overlapcheck.cli import main
+
+    html = tmp_path / "dlrm.html"
+    result = CliRunner().invoke(main, ["analyze", "/work/shared/traces/dlrm-8rank-v100", "--format", "json",
+                                       "-o", str(tmp_path / "dlrm.json"), "--html", str(html)])
+    assert result.exit_code == 0, result.output
+    open_page(driver, html)
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#oc-rank-table tbody tr")) == 8
+    assert "step" in driver.find_element(By.ID, "oc-tl-info").text
+    assert driver.execute_script("return window.__dialogs") == []
+    assert console_errors(driver) == []
+    _full_page_screenshot(driver, "report-dlrm-8rank.png")
+
+
 def test_trap_catches_unescaped_markup(driver, tmp_path):
     """Control: the same checks do fire on a page that does not escape, so a pass above means something."""
     path = tmp_path / "unsafe.html"

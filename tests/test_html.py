@@ -230,5 +230,5 @@ def test_write_html_is_atomic_and_refuses_to_overwrite(tmp_path):
     write_html(make_report(2), str(target), force=True)
     assert "overlapcheck" in target.read_text(encoding="utf-8")
     assert sorted(os.listdir(tmp_path)) == ["report.html"]  # no temp file left behind
-    with pytest.raises(UserError, match="directory does not exist"):
+    with pytest.raises(UserError, match="folder does not exist"):
         write_html(make_report(1), str(tmp_path / "missing" / "r.html"), force=False)

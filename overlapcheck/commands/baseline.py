@@ -16,13 +16,13 @@ def command() -> None:
 @click.option("--force", is_flag=True, help="Overwrite BASE.json if it exists.")
 def save(report_path: str, baseline_path: str, force: bool) -> None:
     """Validate REPORT.json and save it as BASE.json (refuses to overwrite without --force)."""
+    from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.gate import fmt_pct, load_report, rank_overlap, reduce_ranks
-    from overlapcheck.report.html import write_text_atomic
 
     report = load_report(report_path)
     with open(report_path, encoding="utf-8") as fh:
         text = fh.read()
-    write_text_atomic(baseline_path, text, overwrite=force)
+    atomic_write(baseline_path, text, force)
     median = reduce_ranks(report, lambda r: rank_overlap(r, "all"), "median", higher_is_worse=False)
     click.echo(f"saved baseline {baseline_path}: {len(report['ranks'])} ranks, "
                f"overlap (median) {fmt_pct(median.value)}")

@@ -46,7 +46,7 @@ def command(ctx: click.Context, report_path: str, baseline_path: str | None, min
     """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline."""
     from rich.console import Console
 
-    from overlapcheck.report.html import write_text_atomic
+    from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.junit import render_junit
     from overlapcheck.report.markdown import render_markdown
 
@@ -73,8 +73,8 @@ def command(ctx: click.Context, report_path: str, baseline_path: str | None, min
 
     markdown = render_markdown(checks, report_path, baseline_path)
     if junit_path:
-        write_text_atomic(junit_path, render_junit(checks), overwrite=True)
+        atomic_write(junit_path, render_junit(checks), force=True)
     if markdown_path:
-        write_text_atomic(markdown_path, markdown, overwrite=True)
+        atomic_write(markdown_path, markdown, force=True)
     append_step_summary(markdown)
     ctx.exit(code)

@@ -18,7 +18,6 @@ import math
 import os
 import shlex
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,8 @@ MAX_EVENTS_TOTAL = 240_000  # events embedded over all ranks' timelines
 MAX_EVENTS_RANK = 40_000  # ... and per rank
 MIN_EVENTS_RANK = 2_500  # a rank keeps at least this many even with many ranks
 MAX_EXPOSED_RANK = 20_000  # exposed intervals per rank
-STRAGGLER_MARGIN = 0.05  # compute this much above the median marks a possible straggler
+STRAGGLER_MARGIN = 0.05  # compute this much above the median (relative and ...
+STRAGGLER_MIN_US = 100.0  # ... absolute) marks a possible straggler
 
 KIND_LABELS = {"all": "all", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather",
                "all_reduce": "all-reduce", "all_to_all": "all-to-all", "send_recv": "send/recv",
@@ -50,38 +50,13 @@ LANE_ORDER = {"compute": 0, "mixed": 1, "comm": 2, "memcpy": 3, "cpu": 4}
 # ------------------------------------------------------------------------------------------- writing
 
 
-def write_text_atomic(path: str, text: str, overwrite: bool) -> None:
-    """Write `text` to a temp file beside `path`, then rename; refuse to replace a file unless `overwrite`."""
-    if os.path.isdir(path):
-        raise UserError("is a directory", path)
-    if not overwrite and os.path.exists(path):
-        raise UserError("exists; pass --force to overwrite it", path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UserError("its directory does not exist", path)
-    fd, tmp = tempfile.mkstemp(prefix=".overlapcheck-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)  # fails if the path appeared meanwhile: never clobbers
-            os.unlink(tmp)
-    except FileExistsError:
-        os.unlink(tmp)
-        raise UserError("exists; pass --force to overwrite it", path) from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_html(report: dict, path: str, force: bool = False) -> None:
     """Render the report and write it atomically to `path` (UserError if it exists and not `force`)."""
-    if not force and os.path.exists(path):
-        raise UserError("exists; pass --force to overwrite it", path)
-    write_text_atomic(path, render_html(report), overwrite=force)
+    from overlapcheck.fsutil import atomic_write
+
+    if not force and os.path.exists(path):  # fail before rendering
+        raise UserError("already exists; pass --force to overwrite it", path)
+    atomic_write(path, render_html(report), force)
 
 
 # ----------------------------------------------------------------------------------------- rendering
@@ -249,7 +224,7 @@ def crossrank(ranks: list[dict], findings: list, height: float = 150.0) -> dict[
     if median_compute:
         for r in ranks:
             c = _num(r.get("compute_us"))
-            if c is not None and c > median_compute * (1 + STRAGGLER_MARGIN):
+            if c is not None and c > median_compute * (1 + STRAGGLER_MARGIN) and c - median_compute >= STRAGGLER_MIN_US:
                 stragglers.append({"rank": r.get("rank"), "host": r.get("host"), "compute_us": c,
                                    "excess": c / median_compute - 1})
         stragglers.sort(key=lambda s: -s["excess"])
