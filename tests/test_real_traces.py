@@ -233,3 +233,22 @@ def test_gloo_cpu_trace(path):
         k: issued.count(k) for k in set(issued)}  # fmt: skip
     assert {"reduce_scatter", "all_gather", "all_reduce"} <= set(issued)
     assert colls["all"]["overlap"] is not None
+
+
+@pytest.mark.parametrize(("row", "path"), MANIFEST_FILES, ids=[_id(p) for _, p in MANIFEST_FILES])
+def test_rank_totals_match_reference(row, path):
+    """compute_us, busy_us, span_us and memcpy/memset count, time and exposed time (beside no kernel)."""
+    rank, trace = ours(path), raw(path)
+    kernels = trace.kernels()
+    copies = trace.kernels(("gpu_memcpy",))
+    sets = trace.kernels(("gpu_memset",))
+    everything = [(k.start, k.end) for k in kernels + copies + sets]
+    assert rank["compute_us"] == pytest.approx(
+        R.union_length((k.start, k.end) for k in kernels if not R.ours_is_comm(k.name)), abs=1e-3)
+    assert rank["busy_us"] == pytest.approx(R.union_length(everything), abs=1e-3)
+    assert rank["span_us"] == pytest.approx(max(e for _, e in everything) - min(s for s, _ in everything), abs=1e-3)
+    for key, acts in (("memcpy", copies), ("memset", sets)):
+        assert rank[key]["count"] == len(acts)
+        copy_us, beside_kernels = R.overlap_length([(k.start, k.end) for k in acts], [(k.start, k.end) for k in kernels])
+        assert rank[key]["time_us"] == pytest.approx(copy_us, abs=1e-3)
+        assert rank[key]["exposed_us"] == pytest.approx(copy_us - beside_kernels, abs=1e-3)
