@@ -1,5 +1,8 @@
 """DeepSpeed/PyTorch call stacks as `with_stack=True` records them (`python_function` events).
 
+Only the frames that matter for diagnosis are kept (a real stack has 2-3x more, e.g. nvtx wrappers and
+c10d_logger), so that the sample traces stay small.
+
 Names and first lines are those of DeepSpeed 0.19.8 (the installed source, and the CPU ZeRO-3 trace in
 ../shared/traces/cpu-zero3-gloo). For DeepSpeed < 0.14 the functions named in
 knowledge/zero3-overlap.md use their v0.13.3 lines (fetch_sub_module 261, __add_grad_to_ipg_bucket 1230,
@@ -38,31 +41,22 @@ class Frames:
         return ("torch/nn/modules/module.py(1782): _call_impl", "deepspeed/runtime/engine.py(2982): forward")
 
     def pre_forward_hook(self) -> tuple[str, ...]:
-        return ("torch/nn/modules/module.py(1794): inner", f"{Z}parameter_offload.py(358): _pre_forward_module_hook",
-                f"{Z}parameter_offload.py(530): pre_sub_module_forward_function")
+        return (f"{Z}parameter_offload.py(358): _pre_forward_module_hook",)
 
     def pre_backward_hook(self) -> tuple[str, ...]:
-        return ("torch/autograd/function.py(311): apply",
-                f"{Z}parameter_offload.py(456): _run_before_backward_function",
-                f"{Z}parameter_offload.py(572): pre_sub_module_backward_function")
+        return (f"{Z}parameter_offload.py(456): _run_before_backward_function",)
 
     def fetch(self) -> tuple[str, ...]:
-        return (NVTX, CTX, f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module",
+        return (NVTX, f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module",
                 f"{Z}partitioned_param_coordinator.py({self.line['fetch_impl']}): _fetch_sub_module_impl")
 
     def all_gather(self) -> tuple[str, ...]:
         return (f"{Z}partitioned_param_coordinator.py(568): __all_gather_params",
-                f"{Z}partitioned_param_coordinator.py(582): __all_gather_params_",
                 f"{Z}partition_parameters.py(1539): all_gather_coalesced",
-                f"{Z}partition_parameters.py(1446): _all_gather_coalesced",
-                f"{Z}partition_parameters.py(1329): _all_gather_dtype",
-                f"{Z}partition_parameters.py(122): _dist_allgather_fn",
                 "deepspeed/comm/comm.py(352): allgather_fn")
 
     def all_gather_tail(self) -> tuple[str, ...]:
-        return ("deepspeed/comm/comm.py(333): all_gather_into_tensor", "deepspeed/comm/torch.py(168): wrapper",
-                "deepspeed/comm/torch.py(367): all_gather_into_tensor",
-                "torch/distributed/c10d_logger.py(80): wrapper",
+        return ("deepspeed/comm/comm.py(333): all_gather_into_tensor",
                 "torch/distributed/distributed_c10d.py(4398): all_gather_into_tensor")
 
     def handle_wait(self) -> tuple[str, ...]:
@@ -73,7 +67,6 @@ class Frames:
 
     def grad_hook(self) -> tuple[str, ...]:
         return (f"{Z}stage3.py(1508): reduce_partition_and_remove_grads",
-                f"{Z}stage3.py(2160): reduce_ready_partitions_and_remove_grads",
                 f"{Z}stage3.py(1569): reduce_independent_p_g_buckets_and_remove_grads")
 
     def add_grad(self) -> tuple[str, ...]:
@@ -85,13 +78,10 @@ class Frames:
     def reduce_scatter(self) -> tuple[str, ...]:
         return (f"{Z}stage3.py(1911): __avg_scatter_grads",
                 "deepspeed/runtime/comm/coalesced_collectives.py(79): reduce_scatter_coalesced",
-                "deepspeed/runtime/comm/coalesced_collectives.py(22): _torch_reduce_scatter_fn",
                 "deepspeed/comm/comm.py(283): reduce_scatter_fn")
 
     def reduce_scatter_tail(self) -> tuple[str, ...]:
-        return ("deepspeed/comm/comm.py(316): reduce_scatter_tensor", "deepspeed/comm/torch.py(168): wrapper",
-                "deepspeed/comm/torch.py(433): reduce_scatter_tensor",
-                "torch/distributed/c10d_logger.py(80): wrapper",
+        return ("deepspeed/comm/comm.py(316): reduce_scatter_tensor",
                 "torch/distributed/distributed_c10d.py(4947): reduce_scatter_tensor")
 
     def partition_grads(self) -> tuple[str, ...]:
@@ -118,9 +108,7 @@ class Frames:
         return (f"{Z}stage3.py(2572): _get_norm_groups", f"{Z}stage3.py(2418): get_grad_norm_direct")
 
     def all_reduce(self) -> tuple[str, ...]:
-        return ("deepspeed/comm/comm.py(696): all_reduce", "deepspeed/comm/torch.py(168): wrapper",
-                "deepspeed/comm/torch.py(286): all_reduce", "torch/distributed/c10d_logger.py(80): wrapper",
-                "torch/distributed/distributed_c10d.py(3155): all_reduce")
+        return ("deepspeed/comm/comm.py(696): all_reduce", "torch/distributed/distributed_c10d.py(3155): all_reduce")
 
     def timer(self, which: str) -> tuple[str, ...]:
         line = 231 if which == "start" else 246

@@ -121,7 +121,7 @@ class RankStep:
     def _all_gather(self, module: int) -> Step:
         numel = self._numel(module) // self.cfg.world_size
         with self.host.frames(*self.fr.all_gather()):
-            self.host.spend(25.0, "allgather-prep")
+            self.host.spend(60.0 + 15.0 * len(self.modules[module]), "allgather-prep")
             op = yield from self.collective("all_gather", self.ag_pg, numel, "bf16", self.ag_stream, True,
                                             (), self.fr.all_gather_tail())
         self.inflight[module] = op
@@ -129,7 +129,7 @@ class RankStep:
     def fetch(self, module: int, order: list[int]) -> Step:
         host = self.host
         with host.frames(*self.fr.fetch()):
-            host.spend(30.0, "fetch")
+            host.spend(120.0 + 20.0 * len(self.modules[module]), "fetch")  # coordinator bookkeeping
             if module not in self.available and module not in self.inflight:
                 yield from self._all_gather(module)
             if module in self.inflight:
@@ -162,6 +162,7 @@ class RankStep:
         host = self.host
         with host.cpu_op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", cost=4.0), \
                 host.frames(*self.fr.grad_hook()):
+            host.spend(50.0, "grad-hook")
             if self.bucket and sum(n for _, n in self.bucket) + numel > self.cfg.reduce_bucket_size:
                 yield from self.flush()
             with host.frames(*self.fr.add_grad()):
@@ -180,7 +181,7 @@ class RankStep:
         world = cfg.world_size
         dtype = cfg.communication_data_type
         with host.frames(*self.fr.reduce_ipg()):
-            host.spend(20.0, "flush")
+            host.spend(60.0, "flush")
             while self.reduce_events:
                 done = yield from host.query(self.reduce_events[0])
                 if not done:
@@ -219,7 +220,7 @@ class RankStep:
             for mod in order:
                 with host.frames(*self.fr.pre_forward_hook()):
                     yield from self.fetch(mod, order)
-                host.spend(40.0, "module-forward")
+                host.spend(80.0, "module-forward")
                 if mod == 0:
                     self.elementwise("aten::embedding", "embedding", t * h * 4)
                 else:
@@ -243,36 +244,45 @@ class RankStep:
         self.gemm(t, h, 4 * h)
         self.elementwise("aten::add", "add", t * h * 6)
 
+    def autograd(self, function: str):
+        """The autograd engine running one backward function (its kernels launch inside)."""
+        return self.host.cpu_op(f"autograd::engine::evaluate_function: {function}", cost=3.0)
+
     def backward_module(self, mod: int, order: list[int]) -> Step:
         host, m = self.host, self.m
         t, h = m.tokens, m.hidden
-        with host.cpu_op("autograd::engine::evaluate_function: PreBackwardFunctionForModuleBackward", cost=4.0), \
-                host.frames(*self.fr.pre_backward_hook()):
+        with self.autograd("PreBackwardFunctionForModuleBackward"), host.frames(*self.fr.pre_backward_hook()):
             yield from self.fetch(mod, order)
         if mod == 0:
-            self.elementwise("aten::embedding_dense_backward", "embedding_bwd", t * h * 8)
+            with self.autograd("EmbeddingBackward0"):
+                self.elementwise("aten::embedding_dense_backward", "embedding_bwd", t * h * 8)
             yield from self.grad_ready("embed.weight", m.embed_params)
+            self.available.discard(mod)
             return
-        names = dict(self.modules[mod])
         prefix = f"layers.{mod - 1}."
-        self.elementwise("aten::add", "add", t * h * 6)
-        self.gemm(t, 4 * h, h, transposed=False)  # fc2 dgrad
-        self.gemm(h, 4 * h, t, transposed=False)  # fc2 wgrad
-        yield from self.grad_ready(prefix + "mlp.fc2.weight", names[prefix + "mlp.fc2.weight"])
-        self.elementwise("aten::gelu_backward", "gelu", t * 4 * h * 6)
-        self.gemm(t, h, 4 * h, transposed=False)
-        self.gemm(4 * h, h, t, transposed=False)
-        yield from self.grad_ready(prefix + "mlp.fc1.weight", names[prefix + "mlp.fc1.weight"])
-        self.elementwise("aten::native_layer_norm_backward", "layer_norm_bwd", t * h * 8)
-        self.gemm(t, h, h, transposed=False)
-        self.gemm(h, h, t, transposed=False)
-        yield from self.grad_ready(prefix + "attn.proj.weight", names[prefix + "attn.proj.weight"])
-        self.kernel("aten::_flash_attention_backward", flash_name(True),
-                    attention_us(self.gpu, t, m.seq_len, h, backward=True), "flash")
-        self.gemm(t, h, 3 * h, transposed=False)
-        self.gemm(3 * h, h, t, transposed=False)
-        yield from self.grad_ready(prefix + "attn.qkv.weight", names[prefix + "attn.qkv.weight"])
-        self.elementwise("aten::native_layer_norm_backward", "layer_norm_bwd", t * h * 8)
+        sizes = dict(self.modules[mod])
+        linear = "LinearFunctionForZeroStage3Backward"
+        with self.autograd("AddBackward0"):
+            self.elementwise("aten::add", "add", t * h * 6)
+        for param, (rows, cols), before in (("mlp.fc2.weight", (h, 4 * h), None),
+                                            ("mlp.fc1.weight", (4 * h, h), ("GeluBackward0", "gelu")),
+                                            ("attn.proj.weight", (h, h), ("NativeLayerNormBackward0", "ln")),
+                                            ("attn.qkv.weight", (3 * h, h), ("FlashAttentionBackward0", "flash"))):
+            if before is not None:
+                with self.autograd(before[0]):
+                    if before[1] == "gelu":
+                        self.elementwise("aten::gelu_backward", "gelu", t * 4 * h * 6)
+                    elif before[1] == "ln":
+                        self.elementwise("aten::native_layer_norm_backward", "layer_norm_bwd", t * h * 8)
+                    else:
+                        self.kernel("aten::_flash_attention_backward", flash_name(True),
+                                    attention_us(self.gpu, t, m.seq_len, h, backward=True), "flash")
+            with self.autograd(linear):
+                self.gemm(t, cols, rows, transposed=False)  # dgrad
+                self.gemm(rows, cols, t, transposed=False)  # wgrad
+            yield from self.grad_ready(prefix + param, sizes[prefix + param])
+        with self.autograd("NativeLayerNormBackward0"):
+            self.elementwise("aten::native_layer_norm_backward", "layer_norm_bwd", t * h * 8)
         self.available.discard(mod)
 
     def backward(self) -> Step:
@@ -281,7 +291,9 @@ class RankStep:
         with host.frames(*self.fr.backward(), *self.fr.loss_backward()):
             host.spend(30.0, "backward-start")
             host.tid = host.autograd_tid
-            self.elementwise("aten::_log_softmax_backward_data", "cross_entropy", self.m.tokens * self.m.vocab * 0.05)
+            with self.autograd("LogSoftmaxBackward0"):
+                self.elementwise("aten::_log_softmax_backward_data", "cross_entropy",
+                                 self.m.tokens * self.m.vocab * 0.05)
             for mod in order:
                 yield from self.backward_module(mod, order)
             host.tid = host.main_tid

@@ -19,17 +19,17 @@ class Preset:
     causes: tuple[str, ...] = ()
 
 
-BASE = {"nodes": 2, "gpus_per_node": 2}  # small sets unless a preset says otherwise
+BASE = {"nodes": 2, "gpus_per_node": 2, "model.layers": 4}  # small sets unless a preset says otherwise
 
 PRESETS: dict[str, Preset] = {
     "healthy": Preset("ZeRO-3 done right: overlap_comm, 5e7 buckets, prefetch; only the last bucket is exposed",
-                      {"nodes": 2, "gpus_per_node": 8, "model.micro_batch": 4}),
+                      {"nodes": 2, "gpus_per_node": 8, "model.layers": 6, "model.micro_batch": 4}),
     "seed-5201": Preset(
-        "DS #5201: 4x8 A100, DeepSpeed 0.13.3, torch 1.13.1, bf16, overlap_comm, default 5e8 bucket > 469M "
+        "DS #5201: 4x8 A100, DeepSpeed 0.13.3, torch 1.13.1, bf16, overlap_comm, default 5e8 bucket > 367M "
         "params, so every reduce-scatter waits for the end of backward; throughput-timer syncs; skewed node clocks",
         {"nodes": 4, "gpus_per_node": 8, "gpu": "A100", "torch_version": "1.13.1", "deepspeed_version": "0.13.3",
          "nccl_version": "2.14.3", "reduce_bucket_size": 500_000_000, "throughput_timer_sync": True,
-         "model.micro_batch": 1, "clock_skew_us": 2500.0},
+         "model.layers": 6, "model.micro_batch": 1, "clock_skew_us": 2500.0},
         ("reduce-scatter-deferred", "throughput-timer-sync")),
     "bucket-too-large": Preset("reduce_bucket_size (1e9) above the parameter count: reduce-scatter deferred",
                                {"reduce_bucket_size": 1_000_000_000}, ("reduce-scatter-deferred",)),
@@ -40,7 +40,7 @@ PRESETS: dict[str, Preset] = {
     "throughput-timer": Preset("timers.throughput.synchronized: device syncs at step start and end",
                                {"throughput_timer_sync": True}, ("throughput-timer-sync",)),
     "same-communicator": Preset("all-gather and reduce-scatter on one communicator (mpu DP group): NCCL serializes",
-                                {"same_communicator": True}, ("same-communicator",)),
+                                {"same_communicator": True, "model.micro_batch": 1}, ("same-communicator",)),
     "max-connections-1": Preset("CUDA_DEVICE_MAX_CONNECTIONS=1: streams execute in launch order, no concurrency",
                                 {"max_connections_1": True}, ("no-stream-concurrency",)),
     "straggler": Preset("one rank's GPU runs 30% slower: the others wait inside their NCCL kernels",

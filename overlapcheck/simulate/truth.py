@@ -8,6 +8,8 @@ from typing import Any
 
 from overlapcheck.simulate.sim import RankRun, SimResult
 
+BACKWARD_OP = "autograd::engine::evaluate_function"
+PHASES = ("forward", "backward", "optimizer")
 KINDS = ("all", "reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv", "broadcast", "other")
 Intervals = list[tuple[float, float]]
 
@@ -85,6 +87,20 @@ def copies(ivs: Intervals, compute: Intervals, comm_all: Intervals) -> dict[str,
     return {"count": len(ivs), "time_us": _r(length(merged)), "exposed_us": _r(length(exposed))}
 
 
+def phases(acts: list[tuple[str, str, float, float, float]], compute: Intervals,
+           backward_ops: Intervals) -> dict[str, Any]:
+    """forward / backward / optimizer: issued before, inside, after the step's backward CPU window."""
+    if not backward_ops:
+        return {}
+    lo, hi = min(s for s, _ in backward_ops), max(e for _, e in backward_ops)
+    out = {}
+    for name in PHASES:
+        sel = [a for a in acts if (a[4] < lo, lo <= a[4] <= hi, a[4] > hi)[PHASES.index(name)]]
+        out[name] = {"compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in sel if c == "compute"]))),
+                     "collectives": split([(k, s, e) for c, k, s, e, _ in sel if c == "comm"], compute)}
+    return out
+
+
 def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
     """The RANK fields of docs/report-schema.md for one simulated rank."""
     acts = []  # (cls, collective, start, end, launch ts) in trace time
@@ -95,6 +111,8 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
     compute = merge([(s, e) for c, _, s, e, _ in acts if c == "compute"])
     comm = [(k, s, e) for c, k, s, e, _ in acts if c == "comm"]
     comm_all = merge([(s, e) for _, s, e in comm])
+    autograd = [run.span(ev.ts, ev.ts + ev.dur) for ev in run.cpu
+                if ev.cat == "cpu_op" and ev.name.startswith(BACKWARD_OP)]
     steps = []
     for ev in run.cpu:
         if ev.cat != "user_annotation" or not ev.name.startswith("ProfilerStep#"):
@@ -112,6 +130,7 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
             "collectives": colls,
             "memcpy": copies([(s, e) for c, _, s, e, _ in mine if c == "memcpy"], compute, comm_all),
             "memset": copies([(s, e) for c, _, s, e, _ in mine if c == "memset"], compute, comm_all),
+            "phases": phases(mine, compute, [(a, a + d) for a, d in autograd if ts <= a <= ts + dur]),
         })
     span = (max(a[3] for a in acts) - min(a[2] for a in acts)) if acts else 0.0
     busy = length(merge([(s, e) for _, _, s, e, _ in acts]))
