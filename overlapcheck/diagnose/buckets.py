@@ -1,0 +1,194 @@
+"""Gradient buckets and collective sizes: reduce-scatter deferred to the end of backward, overlap_comm off,
+many tiny latency-bound collectives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.context import RankView
+from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
+from overlapcheck.diagnose.registry import SEVERITY_CAP, rank_rule
+from overlapcheck.diagnose.sizing import AG, RS, parameter_count, reduce_bucket_size
+from overlapcheck.trace import classify as C
+
+DEFERRED_SHARE = 0.5  # share of a step's reduce-scatter elements flushed after backward
+RECOMMENDED_BUCKET = 50_000_000  # the size DeepSpeed's ZeRO-3 examples and HF `auto` land near for 1-10B models
+TINY_BYTES = 1 << 20
+TINY_PER_STEP = 32
+_DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Byte": 1, "Char": 1, "Int": 4, "Long": 8}
+
+
+def backward_end(view: RankView) -> dict[int, float]:
+    """Per step: launch time of the last compute kernel launched by a thread other than the one that runs the
+    step loop (PyTorch runs CUDA backward on its autograd device thread)."""
+    o = view.model.ops
+    main = {int(o.thread[i]) for i in np.flatnonzero(view.name_mask(o.name, lambda n: n.startswith("ProfilerStep#")))}
+    if not main:
+        return {}
+    rt_thread = _launch_thread(view)
+    sel = view.is_compute & (view.gpu_step >= 0) & (rt_thread >= 0) & ~np.isin(rt_thread, list(main))
+    out: dict[int, float] = {}
+    for step in np.unique(view.gpu_step[sel]).tolist():
+        out[int(step)] = float(view.launch[sel & (view.gpu_step == step)].max())
+    return out
+
+
+def _launch_thread(view: RankView) -> np.ndarray:
+    """The CPU thread that launched each GPU activity (-1 when its runtime call is not in the trace)."""
+    rt, g = view.model.runtime, view.gpu
+    out = np.full(len(g), -1, dtype=np.int64)
+    if not len(rt) or not len(g):
+        return out
+    order = np.argsort(rt.correlation, kind="stable")
+    corr = rt.correlation[order]
+    i = np.clip(np.searchsorted(corr, g.correlation), 0, len(corr) - 1)
+    hit = (g.correlation >= 0) & (corr[i] == g.correlation)
+    out[hit] = rt.thread[order[i[hit]]]
+    return out
+
+
+def last_bucket_fraction(view: RankView, mask: np.ndarray, bucket_elems: int, elems_per_step: int) -> float:
+    """Share of the step's gradient volume that would be in the last bucket with `bucket_elems` buckets.
+
+    DeepSpeed flushes when `elements + numel > reduce_bucket_size` (stage3.py
+    reduce_independent_p_g_buckets_and_remove_grads), so the last bucket is what is left after the last flush.
+    Gradients are the device-to-device copies into the bucket (`__add_grad_to_ipg_bucket` copy_), in order."""
+    g = view.gpu
+    copies = np.flatnonzero(mask & (g.cls == C.MEMCPY) & (g.nbytes > 0) &
+                            view.name_mask(g.name, lambda n: "DtoD" in n or "Device -> Device" in n))  # fmt: skip
+    if not len(copies) or elems_per_step <= 0:
+        return min(1.0, bucket_elems / elems_per_step) if elems_per_step > 0 else 1.0
+    sizes = g.nbytes[copies[np.argsort(view.launch[copies], kind="stable")]].astype(np.float64)
+    limit = bucket_elems * sizes.sum() / elems_per_step  # the bucket in bytes of these copies
+    current = 0.0
+    for n in sizes.tolist():
+        if current and current + n > limit:
+            current = 0.0
+        current += n
+    return float(current / sizes.sum())
+
+
+def recommended_bucket(params: int | None) -> int:
+    """At least ~8 buckets per step, never above the size that works for billion-parameter models."""
+    return RECOMMENDED_BUCKET if params is None else min(RECOMMENDED_BUCKET, round_size(params / 8))
+
+
+@rank_rule
+def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
+    """stage3.py (v0.13.3 .. 0.19.x) reduce_independent_p_g_buckets_and_remove_grads flushes a bucket only when
+    `elements + numel > reduce_bucket_size`; independent_gradient_partition_epilogue flushes the rest after
+    backward and synchronizes. With reduce_bucket_size (default 5e8) above the parameter count, every
+    reduce-scatter runs after the last backward kernel and is fully exposed (DS #5201)."""
+    g = view.gpu
+    rs = view.is_comm & (g.coll == RS) & (view.gpu_step >= 0 if len(view.model.steps) else True)
+    if not rs.any():
+        return []
+    ends = backward_end(view)
+    bucket, bucket_src = reduce_bucket_size(view)
+    params, params_src = parameter_count(view)
+    elems_step = int(g.nelems[rs].clip(0).sum() / view.n_steps) or params or 0
+    if ends:
+        after = rs & (view.launch > np.array([ends.get(int(s), np.inf) for s in view.gpu_step]))
+    else:
+        after = rs if (params is not None and bucket >= params) else np.zeros(len(g), dtype=bool)
+    weight = g.nelems if (g.nelems[rs] > 0).all() else g.end - g.start  # sizes are missing before torch 2.2
+    share = weight[after].sum() / max(1e-9, weight[rs].sum())
+    if not after.any() or share < DEFERRED_SHARE:
+        return []
+    target = recommended_bucket(params)
+    costs, steps = [], []
+    for step in np.unique(view.gpu_step[after]).tolist():
+        sel = after & (view.gpu_step == step)
+        exposed = iv.length(iv.subtract(iv.union(g.start[sel], g.end[sel]), view.compute))
+        frac = last_bucket_fraction(view, (view.gpu_step == step), target, elems_step)
+        costs.append(exposed * (1.0 - frac))
+        steps.append(int(step))
+    cost = sum(costs) / view.n_steps
+    fits = params is not None and bucket >= params
+    why = (f"every gradient fits in one {bucket:.0e}-element bucket (reduce_bucket_size >= {params:,} trainable "
+           "parameters), so all reduce-scatters wait for independent_gradient_partition_epilogue after backward"
+           if fits else f"{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, "
+           f"so it cannot overlap backward compute (reduce_bucket_size {bucket:.0e})")  # fmt: skip
+    evidence = {"reduce_bucket_size": bucket, "reduce_bucket_size_from": bucket_src, "parameters": params,
+                "parameters_from": params_src, "deferred_share": round(float(share), 4),
+                "reduce_scatters_per_step": round(float(rs.sum()) / view.n_steps, 2),
+                "deferred_exposed_us_per_step": round(sum(costs) / view.n_steps, 3)}  # fmt: skip
+    fix = make_fix(view.config, {"zero_optimization.reduce_bucket_size": target})
+    return [finding("reduce-scatter-deferred", "Reduce-scatter runs after the last backward kernel", why, cost,
+                    [view.rank_id], steps, evidence, fix)]  # fmt: skip
+
+
+@rank_rule
+def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
+    """stage3.py (v0.6 .. 0.19.x) creates reduce_and_partition_stream and parameter_offload.py the
+    __allgather_stream only when overlap_comm is true, else both are the default stream: gradient copies and
+    reduce-scatters then run on the compute stream and cannot overlap backward. Seen as reduce-scatter kernels and
+    device-to-device gradient copies on the compute stream, or `overlap_comm: false` in the config."""
+    g = view.gpu
+    in_steps = view.gpu_step >= 0 if len(view.model.steps) else np.ones(len(g), dtype=bool)
+    rs = view.is_comm & (g.coll == RS) & in_steps
+    on_compute = rs & (g.stream == view.compute_stream)
+    configured_off = config_value(view.config, "zero_optimization.overlap_comm") is False
+    if not rs.any() or not (on_compute.sum() >= max(1, 0.5 * rs.sum()) or configured_off):
+        return []
+    bucket, _ = reduce_bucket_size(view)
+    elems_step = int(g.nelems[rs].clip(0).sum() / view.n_steps) or parameter_count(view)[0] or 0
+    copies = in_steps & (g.cls == C.MEMCPY) & (g.stream == view.compute_stream)
+    serial = (on_compute if on_compute.any() else rs) | (copies & view.name_mask(g.name, lambda n: "DtoD" in n))
+    costs, steps = [], []
+    for step in np.unique(view.gpu_step[rs]).tolist():
+        sel = serial & (view.gpu_step == step)
+        exposed = iv.length(iv.subtract(iv.union(g.start[sel], g.end[sel]), view.compute))
+        frac = last_bucket_fraction(view, view.gpu_step == step, bucket, elems_step)
+        costs.append(exposed * (1.0 - frac))
+        steps.append(int(step))
+    evidence = {
+        "reduce_scatters_on_compute_stream": int(on_compute.sum()),
+        "compute_stream": view.compute_stream,
+        "overlap_comm_in_config": config_value(view.config, "zero_optimization.overlap_comm"),
+    }
+    return [finding("overlap-comm-disabled", "Gradient reduction runs on the compute stream (overlap_comm off)",
+                    "with overlap_comm false DeepSpeed uses the default stream for reduce_and_partition_stream, so "
+                    "every reduce-scatter and gradient copy serializes with backward compute",
+                    sum(costs) / view.n_steps, [view.rank_id], steps, evidence,
+                    make_fix(view.config, {"zero_optimization.overlap_comm": True}))]  # fmt: skip
+
+
+SEVERITY_CAP["tiny-collectives"] = "warning"
+
+
+@rank_rule
+def tiny_collectives(view: RankView) -> list[dict[str, Any]]:
+    """Many collectives under 1 MiB are latency-bound: NCCL's per-call latency (tens of µs across nodes)
+    dominates. ZeRO-3 issues one all-gather per fetch (partitioned_param_coordinator.py fetch_sub_module) and one
+    reduce-scatter per bucket; small stage3_prefetch_bucket_size / reduce_bucket_size or many small parameters
+    below stage3_param_persistence_threshold multiply them (DS #1069, #5047)."""
+    g = view.gpu
+    comm = view.is_comm & (g.nelems > 0) & (view.gpu_step >= 0 if len(view.model.steps) else True)
+    if not comm.any():
+        return []
+    size = np.array([_DTYPE_BYTES.get(view.names[d], 2) for d in g.dtype[comm].tolist()]) * g.nelems[comm]
+    idx = np.flatnonzero(comm)[size < TINY_BYTES]
+    per_step = len(idx) / view.n_steps
+    if per_step < TINY_PER_STEP:
+        return []
+    exposed = iv.length(iv.subtract(iv.union(g.start[idx], g.end[idx]), view.compute)) / view.n_steps
+    kinds = np.bincount(g.coll[idx].astype(np.int64), minlength=len(C.COLLECTIVES))
+    main = int(np.argmax(kinds))
+    settings: dict[str, Any] = {}
+    if main == AG:
+        cur = config_value(view.config, "zero_optimization.stage3_param_persistence_threshold") or 100_000
+        settings["zero_optimization.stage3_param_persistence_threshold"] = round_size(int(cur) * 10)
+    elif main == RS:
+        bucket, _ = reduce_bucket_size(view)
+        settings["zero_optimization.reduce_bucket_size"] = round_size(bucket * 10)
+    evidence = {"per_step": round(per_step, 1), "by_collective": {C.COLLECTIVES[k]: int(n) for k, n in
+                                                                  enumerate(kinds) if n},
+                "median_bytes": int(np.median(size[size < TINY_BYTES]))}  # fmt: skip
+    return [finding("tiny-collectives", f"{per_step:.0f} latency-bound collectives under 1 MiB per step",
+                    "each NCCL call pays a fixed launch and latency cost; fewer, larger calls move the same bytes "
+                    "faster", exposed, [view.rank_id], view.step_numbers, evidence,
+                    make_fix(view.config, settings))]  # fmt: skip

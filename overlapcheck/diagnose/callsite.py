@@ -1,0 +1,124 @@
+"""Who issued a CPU-side call: the `python_function` stack (with_stack=True) or, without stacks, the enclosing
+`cpu_op`s / `user_annotation`s on the same thread.
+
+A frame name looks like `deepspeed/runtime/zero/stage3.py(1667): __reduce_and_partition_ipg_grads` (the path
+may be absolute). The call site of a sync is the innermost frame that is DeepSpeed or user code, skipping
+DeepSpeed's plumbing (accelerator wrappers, nvtx decorators) so that the site names the function that decided
+to synchronize.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from overlapcheck.trace.model import PYTHON, TraceModel
+
+_FRAME = re.compile(r"^(?P<file>.*?\.py)\((?P<line>\d+)\): (?P<func>.+)$")
+_LIBRARY = re.compile(r"(^|/)(torch|torchvision|numpy|transformers|accelerate|apex|triton|collections|contextlib|"
+                      r"threading|importlib|functools|typing|abc|enum)/|site-packages/(?!deepspeed)|dist-packages/"
+                      r"(?!deepspeed)|/lib/python3\.\d+/(?!site-packages)|^<")  # fmt: skip
+_DS_PLUMBING = re.compile(r"deepspeed/(accelerator/|utils/nvtx\.py|runtime/compiler\.py|utils/debug\.py)")
+
+
+def parse_frame(name: str) -> tuple[str, int, str] | None:
+    """(file, line, function) of a python_function name, None for built-ins and module frames."""
+    m = _FRAME.match(name)
+    return (m.group("file"), int(m.group("line")), m.group("func")) if m else None
+
+
+def short_file(path: str) -> str:
+    """`/opt/x/site-packages/deepspeed/runtime/zero/stage3.py` -> `deepspeed/runtime/zero/stage3.py`."""
+    i = path.rfind("deepspeed/")
+    return path[i:] if i >= 0 else path.rsplit("site-packages/", 1)[-1]
+
+
+def is_deepspeed(name: str) -> bool:
+    return "deepspeed/" in name and parse_frame(name) is not None
+
+
+def is_user(name: str) -> bool:
+    """Application code: a Python frame that belongs to no library."""
+    return parse_frame(name) is not None and "deepspeed/" not in name and not _LIBRARY.search(name)
+
+
+def is_site(name: str) -> bool:
+    """A frame worth naming as a call site: user code, or DeepSpeed outside its plumbing."""
+    return is_user(name) or (is_deepspeed(name) and not _DS_PLUMBING.search(name))
+
+
+class CallSites:
+    """Stacks of CPU scopes per thread, queried by (thread, time)."""
+
+    def __init__(self, model: TraceModel, names: np.ndarray):
+        self.model = model
+        self.names = names
+        o = model.ops
+        self.has_stacks = bool(len(o)) and bool((o.kind == PYTHON).any())
+        self._threads: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _nesting(self, thread: int, python: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Scopes of one thread sorted by start (outer first on ties), with each one's parent index."""
+        key = (thread, python)
+        if key not in self._threads:
+            o = self.model.ops
+            sel = (o.thread == thread) & ((o.kind == PYTHON) if python else (o.kind != PYTHON))
+            idx = np.flatnonzero(sel)
+            idx = idx[np.lexsort((-o.end[idx], o.start[idx]))]
+            start, end = o.start[idx], o.end[idx]
+            parent = np.full(len(idx), -1, dtype=np.int64)
+            stack: list[int] = []
+            for k in range(len(idx)):  # one pass; scopes of one thread nest
+                s = start[k]
+                while stack and end[stack[-1]] <= s:
+                    stack.pop()
+                if stack:
+                    parent[k] = stack[-1]
+                stack.append(k)
+            self._threads[key] = (idx, start, end, parent)
+        return self._threads[key]
+
+    def stack(self, thread: int, t: float, python: bool = True) -> list[str]:
+        """Names of the scopes enclosing time t on a thread, innermost first."""
+        idx, start, end, parent = self._nesting(thread, python)
+        k = int(np.searchsorted(start, t, side="right")) - 1
+        # the open scopes at t are the latest-starting scope before t and its ancestors, minus closed ones
+        while k >= 0 and end[k] <= t:
+            k = int(parent[k])
+        out: list[str] = []
+        while k >= 0:
+            out.append(str(self.names[self.model.ops.name[idx[k]]]))
+            k = int(parent[k])
+        return out
+
+    def site(self, thread: int, t: float) -> dict[str, object]:
+        """The call site of a call at time t on a thread: `frame` (innermost DeepSpeed/user frame, or the
+        enclosing ops without stacks) and `stack` (DeepSpeed and user frames, innermost first)."""
+        if self.has_stacks:
+            frames = self.stack(thread, t, python=True)
+            if frames:
+                useful = [f for f in frames if is_deepspeed(f) or is_user(f)]
+                site = next((f for f in frames if is_site(f)), useful[0] if useful else frames[0])
+                return {"frame": _short(site), "stack": [_short(f) for f in useful[:12]]}
+        ops = self.stack(thread, t, python=False)
+        return {"frame": " < ".join(ops[:3]) if ops else None, "stack": ops[:12]}
+
+
+def _short(frame: str) -> str:
+    parsed = parse_frame(frame)
+    if parsed is None:
+        return frame
+    file, line, func = parsed
+    return f"{short_file(file)}({line}): {func}"
+
+
+def functions(stack: list[str]) -> set[str]:
+    """Function names on a stack of frames (`fetch_sub_module`, `__reduce_and_partition_ipg_grads`, ...)."""
+    out = set()
+    for f in stack:
+        parsed = parse_frame(f)
+        if parsed:
+            out.add(parsed[2])
+            out.add(f"{short_file(parsed[0]).rsplit('/', 1)[-1]}:{parsed[2]}")
+    return out

@@ -1,0 +1,169 @@
+"""What every rule of one rank reads: the trace model plus a few derived arrays, computed once and lazily.
+
+Costs are measured against `P`, the union of the rank's compute kernels (docs/metrics.md): the compute idle
+time a cause explains is the part of a window `[a, b)` that no compute kernel covers.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.analysis.activities import launch_times, step_of
+from overlapcheck.diagnose.callsite import CallSites
+from overlapcheck.trace import classify as C
+from overlapcheck.trace.model import TraceModel
+
+
+class RankView:
+    """One rank's trace, its RANK document and the ds_config, with shared derived arrays."""
+
+    def __init__(self, model: TraceModel, rank: dict[str, Any], config: dict[str, Any] | None):
+        self.model = model
+        self.rank = rank
+        self.config = config
+        self.gpu = model.gpu
+
+    # -- identity and steps ---------------------------------------------------------------------
+    @property
+    def rank_id(self) -> int:
+        r = self.rank.get("rank")
+        return int(r) if isinstance(r, int) else 0
+
+    @cached_property
+    def n_steps(self) -> int:
+        """Profiled steps that have GPU activity (at least 1: a trace without steps is one step)."""
+        return max(1, len(self.rank.get("steps") or []))
+
+    @cached_property
+    def step_numbers(self) -> list[int]:
+        return [int(s["step"]) for s in self.rank.get("steps") or []]
+
+    @cached_property
+    def step_time_us(self) -> float:
+        """Mean GPU step time (the whole span when the trace has no steps)."""
+        return float(self.rank.get("step_time_us") or 0.0) / self.n_steps
+
+    def step_of(self, times: np.ndarray) -> np.ndarray:
+        return step_of(self.model, np.asarray(times, dtype=np.float64))
+
+    def in_steps(self, times: np.ndarray) -> np.ndarray:
+        """Mask of times that fall in a profiled step (all of them when the trace has no steps)."""
+        if not len(self.model.steps):
+            return np.ones(len(times), dtype=bool)
+        return self.step_of(times) >= 0
+
+    # -- names ------------------------------------------------------------------------------------
+    @cached_property
+    def names(self) -> np.ndarray:
+        return np.array(self.model.names + [""], dtype=object)  # index -1 -> ""
+
+    def name_mask(self, column: np.ndarray, predicate) -> np.ndarray:
+        """Rows whose interned name satisfies `predicate`, testing each distinct name once."""
+        if not len(column):
+            return np.zeros(0, dtype=bool)
+        uniq = np.unique(column)
+        good = [u for u in uniq.tolist() if predicate(self.names[u])]
+        return np.isin(column, good)
+
+    # -- GPU activity -----------------------------------------------------------------------------
+    @cached_property
+    def launch(self) -> np.ndarray:
+        """CPU time at which each GPU activity was issued."""
+        return launch_times(self.model) if len(self.gpu) else np.zeros(0)
+
+    @cached_property
+    def gpu_step(self) -> np.ndarray:
+        return self.step_of(self.launch)
+
+    @cached_property
+    def is_compute(self) -> np.ndarray:
+        return self.gpu.cls == C.COMPUTE
+
+    @cached_property
+    def is_comm(self) -> np.ndarray:
+        return self.gpu.cls == C.COMM
+
+    @cached_property
+    def compute(self) -> iv.Intervals:
+        """P: the union of compute kernels on every stream."""
+        return iv.union(self.gpu.start[self.is_compute], self.gpu.end[self.is_compute])
+
+    @cached_property
+    def compute_stream_busy(self) -> iv.Intervals:
+        """P plus everything on the compute stream: time the compute stream could not have used anyway."""
+        on_stream = self.gpu.stream == self.compute_stream
+        return iv.combine(self.compute, iv.union(self.gpu.start[on_stream], self.gpu.end[on_stream]))
+
+    def covered(self, t: np.ndarray, busy: iv.Intervals | None = None) -> np.ndarray:
+        """|B ∩ (-inf, t)| for each t, B = `busy` (default P)."""
+        b = self.compute if busy is None else busy
+        t = np.asarray(t, dtype=np.float64)
+        if not len(b):
+            return np.zeros(len(t))
+        lengths = b.ends - b.starts
+        cum = np.concatenate([[0.0], np.cumsum(lengths)])
+        i = np.searchsorted(b.starts, t, side="right")  # intervals starting before t
+        prev = np.maximum(i - 1, 0)
+        inside = np.clip(t - b.starts[prev], 0.0, lengths[prev])
+        return np.where(i > 0, cum[prev] + inside, 0.0)
+
+    def idle(self, a: np.ndarray, b: np.ndarray, busy: iv.Intervals | None = None) -> np.ndarray:
+        """|[a, b) − B| for each window (B = `busy`, default P): the compute idle time inside it."""
+        a = np.asarray(a, dtype=np.float64)
+        b = np.maximum(np.asarray(b, dtype=np.float64), a)
+        return (b - a) - (self.covered(b, busy) - self.covered(a, busy))
+
+    @cached_property
+    def compute_stream(self) -> int:
+        """The stream that runs the most compute time (the default/current stream of the training loop)."""
+        sel = self.is_compute
+        if not sel.any():
+            return -1
+        streams = self.gpu.stream[sel]
+        busy = np.bincount(np.unique(streams, return_inverse=True)[1], weights=(self.gpu.end - self.gpu.start)[sel])
+        return int(np.unique(streams)[int(np.argmax(busy))])
+
+    def next_compute_start(self, times: np.ndarray) -> np.ndarray:
+        """Start of the first compute kernel launched at or after each CPU time (inf when none)."""
+        sel = np.flatnonzero(self.is_compute)
+        times = np.asarray(times, dtype=np.float64)
+        if not len(sel):
+            return np.full(len(times), np.inf)
+        order = sel[np.argsort(self.launch[sel], kind="stable")]
+        launch, start = self.launch[order], self.gpu.start[order]
+        # earliest start among kernels launched after t: suffix minimum over launch order
+        suffix_min = np.minimum.accumulate(start[::-1])[::-1]
+        i = np.searchsorted(launch, times, side="left")
+        out = np.full(len(times), np.inf)
+        ok = i < len(launch)
+        out[ok] = suffix_min[i[ok]]
+        return out
+
+    # -- CPU side -----------------------------------------------------------------------------------
+    @cached_property
+    def callsites(self) -> CallSites:
+        return CallSites(self.model, self.names)
+
+    def runtime_named(self, *names: str) -> np.ndarray:
+        """Indices of runtime calls with one of these names (cudaStreamSynchronize, ...)."""
+        rt = self.model.runtime
+        wanted = set(names)
+        return np.flatnonzero(self.name_mask(rt.name, lambda n: n in wanted))
+
+    # -- per-step aggregation -------------------------------------------------------------------------
+    def per_step(self, values: np.ndarray, times: np.ndarray) -> tuple[float, list[int]]:
+        """Mean per profiled step of `values` (issued at CPU `times`), and the steps where they occur."""
+        values = np.asarray(values, dtype=np.float64)
+        if not len(values):
+            return 0.0, []
+        if not len(self.model.steps):
+            return float(values.sum()), []
+        steps = self.step_of(times)
+        keep = steps >= 0
+        total = float(values[keep].sum())
+        present = sorted({int(s) for s in steps[keep & (values > 0)].tolist()})
+        return total / self.n_steps, present

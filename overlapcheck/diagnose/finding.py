@@ -1,0 +1,85 @@
+"""The FINDING document (docs/report-schema.md) and the helpers that fill in its `fix`.
+
+A fix is machine-applicable: `config` maps dotted ds_config paths to values, `env` maps variables to values
+(None = unset it), `upgrade` is a pip requirement. A fix never suggests what the config already sets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SEVERITIES = ("critical", "warning", "info")
+CRITICAL_SHARE = 0.10  # cost / step time at or above which a finding is critical
+WARNING_SHARE = 0.03
+
+# ds_config keys that DeepSpeed also accepts at the top level of zero_optimization without the prefix
+_ZERO_ALIASES = {
+    "zero_optimization.stage3_prefetch_bucket_size": "zero_optimization.prefetch_bucket_size",
+    "zero_optimization.stage3_max_live_parameters": "zero_optimization.max_live_parameters",
+    "zero_optimization.stage3_param_persistence_threshold": "zero_optimization.param_persistence_threshold",
+}
+
+
+def finding(rule: str, title: str, why: str, cost_us: float, ranks: list[int], steps: list[int],
+            evidence: dict[str, Any], fix: dict[str, Any] | None = None, severity: str | None = None,
+            key: str = "") -> dict[str, Any]:  # fmt: skip
+    """A FINDING. `severity` None lets the merge set it from the cost; `key` separates findings of one rule
+    that must not merge (e.g. host syncs from different call sites)."""
+    return {
+        "rule": rule,
+        "severity": severity,
+        "title": title,
+        "why": why,
+        "cost_us": round(float(cost_us), 3),
+        "ranks": sorted(ranks),
+        "steps": sorted(steps),
+        "evidence": evidence,
+        "fix": fix or {},
+        "_key": key,
+    }
+
+
+def severity_of(cost_us: float, step_us: float, cap: str | None = None) -> str:
+    """critical / warning / info from the share of the step a finding costs, never above `cap`."""
+    share = cost_us / step_us if step_us > 0 else 0.0
+    level = "critical" if share >= CRITICAL_SHARE else "warning" if share >= WARNING_SHARE else "info"
+    if cap is not None and SEVERITIES.index(cap) > SEVERITIES.index(level):
+        return cap
+    return level
+
+
+def config_value(config: dict[str, Any] | None, path: str) -> Any:
+    """The value at a dotted path of the ds_config (None when absent); knows DeepSpeed's stage3_ aliases."""
+    if not config:
+        return None
+    for p in (path, _ZERO_ALIASES.get(path, path)):
+        node: Any = config
+        for part in p.split("."):
+            if not isinstance(node, dict) or part not in node:
+                node = None
+                break
+            node = node[part]
+        if node is not None:
+            return node
+    return None
+
+
+def make_fix(config: dict[str, Any] | None, settings: dict[str, Any] | None = None, env: dict[str, Any] | None = None,
+             upgrade: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """A `fix` without the settings the config already has."""
+    out: dict[str, Any] = {}
+    wanted = {k: v for k, v in (settings or {}).items() if config_value(config, k) != v}
+    if wanted:
+        out["config"] = wanted
+    if env:
+        out["env"] = dict(env)
+    if upgrade:
+        out["upgrade"] = upgrade
+    return out
+
+
+def round_size(n: float) -> int:
+    """A bucket size people write in configs: two significant digits (e.g. 48_000_000)."""
+    n = max(1.0, float(n))
+    digits = len(str(int(n))) - 2
+    return int(round(n / 10**digits) * 10**digits) if digits > 0 else int(n)

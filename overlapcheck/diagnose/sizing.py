@@ -1,0 +1,62 @@
+"""Sizes the fixes are computed from: the trainable parameter count and the buckets seen in the trace."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.diagnose.context import RankView
+from overlapcheck.diagnose.finding import config_value
+from overlapcheck.trace import classify as C
+
+RS = C.COLLECTIVES.index("reduce_scatter")
+AG = C.COLLECTIVES.index("all_gather")
+DEFAULT_REDUCE_BUCKET = 500_000_000  # runtime/zero/config.py reduce_bucket_size default (v0.13.3 .. 0.19.x)
+DEFAULT_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size default
+
+
+def parameter_count(view: RankView) -> tuple[int | None, str]:
+    """Trainable parameters, and where the number came from: the config's `_overlapcheck_model.params`, a
+    `model.json` beside the trace, or the reduce-scatter input elements of one step (In msg nelems)."""
+    meta = (view.config or {}).get("_overlapcheck_model")
+    for key in ("params", "parameters"):
+        if isinstance(meta, dict) and isinstance(meta.get(key), int):
+            return meta[key], "config"
+    path = os.path.join(os.path.dirname(os.path.abspath(view.model.source)), "model.json")
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc: Any = json.load(f)
+            params = (doc.get("params") or doc.get("parameters")) if isinstance(doc, dict) else None
+            if isinstance(params, int):
+                return params, "model.json"
+        except (OSError, ValueError):
+            pass
+    per_step = reduce_scatter_elements_per_step(view)
+    return (per_step, "trace") if per_step else (None, "unknown")
+
+
+def reduce_scatter_elements_per_step(view: RankView) -> int | None:
+    """Elements reduce-scattered per step (DeepSpeed reduce-scatters every trainable gradient once)."""
+    g = view.gpu
+    sel = view.is_comm & (g.coll == RS) & (g.nelems > 0)
+    if not sel.any():
+        return None
+    if len(view.model.steps):
+        sel &= view.gpu_step >= 0
+    return int(g.nelems[sel].sum() / view.n_steps) or None
+
+
+def reduce_bucket_size(view: RankView) -> tuple[int, str]:
+    """The configured reduce_bucket_size, else the largest reduce-scatter seen, else DeepSpeed's default."""
+    value = config_value(view.config, "zero_optimization.reduce_bucket_size")
+    if isinstance(value, int | float) and value > 0:
+        return int(value), "config"
+    g = view.gpu
+    sel = view.is_comm & (g.coll == RS) & (g.nelems > 0)
+    if sel.any():
+        return int(np.max(g.nelems[sel])), "trace"
+    return DEFAULT_REDUCE_BUCKET, "default"

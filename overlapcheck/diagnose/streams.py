@@ -1,0 +1,119 @@
+"""Stream-level serialization: no concurrency at all across streams, and all-gather and reduce-scatter sharing
+one NCCL communicator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.context import RankView
+from overlapcheck.diagnose.finding import config_value, finding, make_fix
+from overlapcheck.diagnose.registry import rank_rule
+from overlapcheck.diagnose.sizing import AG, RS
+from overlapcheck.diagnose.waits import DEPENDENCY_TOLERANCE_US, Stalls, stalls
+
+CONCURRENT_SHARE = 0.002  # below this share of busy time with two streams active, streams never overlap
+
+
+def concurrency(view: RankView) -> tuple[float, float, int]:
+    """(time with at least two streams busy, total per-stream busy time, streams with activity)."""
+    g = view.gpu
+    streams = np.unique(g.stream)
+    per_stream = sum(iv.length(iv.union(g.start[g.stream == s], g.end[g.stream == s])) for s in streams.tolist())
+    return per_stream - iv.length(iv.union(g.start, g.end)), per_stream, len(streams)
+
+
+def no_concurrency(view: RankView) -> bool:
+    """Several streams carry work, communication among it, yet no two streams ever run at once."""
+    if "_no_concurrency" not in view.__dict__:
+        both, total, n = concurrency(view)
+        comm_elsewhere = (view.is_comm & (view.gpu.stream != view.compute_stream)).any()
+        view.__dict__["_no_concurrency"] = bool(n >= 2 and comm_elsewhere and total > 0
+                                                and both <= CONCURRENT_SHARE * total)  # fmt: skip
+    return view.__dict__["_no_concurrency"]
+
+
+def serialized_delay(view: RankView, st: Stalls) -> np.ndarray:
+    """For each stall: how long its collective waited behind a collective of another kind on the same
+    communicator (it started as that one ended, later than its stream let it)."""
+    g = view.gpu
+    out = np.zeros(len(st.kernel))
+    for n, c in enumerate(st.comm.tolist()):
+        if c < 0 or g.pg[c] < 0:
+            continue
+        blockers = np.flatnonzero(view.is_comm & (g.pg == g.pg[c]) & (g.coll != g.coll[c])
+                                  & (np.abs(g.end - g.start[c]) <= DEPENDENCY_TOLERANCE_US))  # fmt: skip
+        if not len(blockers):
+            continue
+        before = np.flatnonzero((g.stream == g.stream[c]) & (g.end <= g.start[c] + 1e-6) & (np.arange(len(g)) != c))
+        ready = max(float(view.launch[c]), float(g.end[before].max()) if len(before) else -np.inf)
+        out[n] = max(0.0, float(g.start[c]) - ready)
+    return out
+
+
+def claimed_by_specific(view: RankView, st: Stalls) -> np.ndarray:
+    """Stall cost owned by the same-communicator rule (before the all-gather and generic wait rules)."""
+    if not shared_communicator(view):
+        return np.zeros(len(st.kernel))
+    return np.minimum(st.cost, serialized_delay(view, st))
+
+
+def shared_communicator(view: RankView) -> str | None:
+    """The process group name that carries both all-gathers and reduce-scatters, if any."""
+    g = view.gpu
+    ag = set(g.pg[view.is_comm & (g.coll == AG) & (g.pg >= 0)].tolist())
+    rs = set(g.pg[view.is_comm & (g.coll == RS) & (g.pg >= 0)].tolist())
+    both = sorted(ag & rs)
+    return view.names[both[0]] if both else None
+
+
+@rank_rule
+def same_communicator(view: RankView) -> list[dict[str, Any]]:
+    """NCCL serializes all kernels of one communicator through comm->sharedRes->deviceStream (NVIDIA/nccl
+    src/enqueue.cc), whatever user streams they are launched on. ZeRO-3 normally all-gathers on the world group
+    (partition_parameters.py zero.Init) and reduce-scatters on groups._clone_world_group(); with a Megatron mpu
+    both use mpu.get_data_parallel_group(), one communicator, so an all-gather queues behind a reduce-scatter."""
+    pg = shared_communicator(view)
+    if pg is None or no_concurrency(view):
+        return []
+    st = stalls(view)
+    delays = claimed_by_specific(view, st)
+    cost, steps = view.per_step(delays, view.launch[st.kernel]) if len(delays) else (0.0, view.step_numbers)
+    job = (view.config or {}).get("_overlapcheck_job") or {}
+    per_node = job.get("gpus_per_node") if isinstance(job, dict) else None
+    settings = {"zero_optimization.zero_hpz_partition_size": int(per_node)} if per_node and per_node > 1 else {}
+    evidence = {
+        "process_group": pg,
+        "delayed_all_gathers_per_step": round(float((delays > 0).sum()) / view.n_steps, 2),
+        "hpz_partition_size": config_value(view.config, "zero_optimization.zero_hpz_partition_size"),
+    }
+    return [finding("same-communicator", f"All-gather and reduce-scatter share communicator {pg!r}",
+                    "NCCL runs one communicator's kernels one at a time, so all-gathers wait behind "
+                    "reduce-scatters; hpZ (zero_hpz_partition_size = GPUs per node) gathers on a separate "
+                    "intra-node group", cost, [view.rank_id], steps or view.step_numbers, evidence,
+                    make_fix(view.config, settings))]  # fmt: skip
+
+
+@rank_rule
+def no_stream_concurrency(view: RankView) -> list[dict[str, Any]]:
+    """With CUDA_DEVICE_MAX_CONNECTIONS=1 the GPU has one hardware queue, so kernels of all streams execute in
+    launch order (Megatron-LM #1468, verl #6976); CUDA_LAUNCH_BLOCKING=1 makes every launch synchronous. Either
+    way no collective overlaps compute: the compute stream stalls behind communication launched before it."""
+    if not no_concurrency(view):
+        return []
+    st = stalls(view)
+    cost, steps = view.per_step(st.cost, view.launch[st.kernel])
+    both, total, n = concurrency(view)
+    evidence = {
+        "streams": n,
+        "concurrent_us": round(both, 3),
+        "busy_us_all_streams": round(total, 3),
+        "stalls_per_step": round(len(st.kernel) / view.n_steps, 2),
+    }
+    return [finding("no-stream-concurrency", f"No two of the {n} GPU streams ever run at the same time",
+                    "kernels execute in launch order across streams, the signature of CUDA_DEVICE_MAX_CONNECTIONS=1 "
+                    "(or CUDA_LAUNCH_BLOCKING=1): communication blocks the compute launched after it",
+                    cost, [view.rank_id], steps, evidence,
+                    make_fix(view.config, env={"CUDA_DEVICE_MAX_CONNECTIONS": None}))]  # fmt: skip

@@ -1,0 +1,312 @@
+"""Host-blocking synchronizations and what they cost.
+
+A host sync (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, a synchronous or pageable
+memcpy, `.item()`) stops the launching thread until the GPU catches up; once the queue drains, compute idles
+until the thread launches again. Its cost is the compute idle time from the
+later of the sync's start and the end of the compute stream's queued work to the start of the first activity
+launched on the compute stream after the sync, when that activity waited for nothing but its launch. Each sync
+is owned by the first rule below whose call stack matches; windows of one rule are merged so back-to-back syncs
+are not counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.callsite import functions
+from overlapcheck.diagnose.context import RankView
+from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
+from overlapcheck.diagnose.registry import SEVERITY_CAP, rank_rule
+from overlapcheck.diagnose.sizing import DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
+from overlapcheck.trace import classify as C
+
+SYNC_CALLS = {
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaThreadSynchronize",
+}  # fmt: skip
+MEMCPY_CALLS = {"cudaMemcpyAsync", "cuMemcpyAsync", "cuMemcpyDtoHAsync_v2"}
+BLOCKING_SYNC_KINDS = {"Stream Sync", "Context Sync", "Event Sync"}
+MIN_BLOCKING_COPY_US = 20.0  # an async copy call that lasts as long as its transfer blocked the host
+STARVED_LAUNCH_US = 30.0  # an activity that starts this soon after its launch call was waiting for the host
+
+
+@dataclass
+class Sync:
+    """One host-blocking call."""
+
+    start: float
+    end: float
+    thread: int
+    call: str
+    site: dict[str, Any]
+    funcs: set[str]
+
+
+def host_syncs(view: RankView) -> list[Sync]:
+    """Every host-blocking call of the rank, with its call site."""
+    rt = view.model.runtime
+    idx = list(view.runtime_named(*SYNC_CALLS))
+    idx += _blocking_copies(view)
+    out = []
+    for i in sorted(set(idx), key=lambda i: rt.start[i]):
+        mid = 0.5 * (rt.start[i] + rt.end[i])
+        site = view.callsites.site(int(rt.thread[i]), mid)
+        stack = view.callsites.stack(int(rt.thread[i]), mid) if view.callsites.has_stacks else []
+        out.append(Sync(float(rt.start[i]), float(rt.end[i]), int(rt.thread[i]), view.names[rt.name[i]], site,
+                        functions(stack)))  # fmt: skip
+    out += _orphan_sync_events(view)
+    return out
+
+
+def _blocking_copies(view: RankView) -> list[int]:
+    """Async memcpy calls that did not return before their copy was (nearly) done: pageable host memory."""
+    rt, g = view.model.runtime, view.gpu
+    idx = view.runtime_named(*MEMCPY_CALLS)
+    copies = np.flatnonzero(g.cls == C.MEMCPY)
+    if not len(idx) or not len(copies):
+        return []
+    order = copies[np.argsort(g.correlation[copies])]
+    pos = np.clip(np.searchsorted(g.correlation[order], rt.correlation[idx]), 0, len(order) - 1)
+    hit = g.correlation[order[pos]] == rt.correlation[idx]
+    copy = order[pos]
+    dur = g.end[copy] - g.start[copy]
+    blocking = hit & (dur >= MIN_BLOCKING_COPY_US) & ((rt.end[idx] - rt.start[idx]) >= 0.5 * dur)
+    return idx[blocking].tolist()
+
+
+def _orphan_sync_events(view: RankView) -> list[Sync]:
+    """cuda_sync events whose runtime call is not in the trace (an Event Sync from cudaEventQuery is not one)."""
+    s = view.model.syncs
+    if not len(s):
+        return []
+    known = set(view.model.runtime.correlation.tolist())
+    out = []
+    for i in range(len(s)):
+        kind = view.names[s.name[i]]
+        if kind in BLOCKING_SYNC_KINDS and int(s.correlation[i]) not in known:
+            out.append(Sync(float(s.start[i]), float(s.end[i]), -1, kind, {"frame": None, "stack": []}, set()))
+    return out
+
+
+# -- which rule owns a sync ----------------------------------------------------------------------------------
+
+
+def _in(*names: str) -> Callable[[Sync], bool]:
+    return lambda s: any(n in s.funcs for n in names)
+
+
+def _is_comms_logger(s: Sync) -> bool:
+    return "comm.py:log_wrapper" in s.funcs or "comm.py:timed_op" in s.funcs
+
+
+def _is_throughput_timer(s: Sync) -> bool:
+    return "timer.py:start" in s.funcs or "timer.py:stop" in s.funcs
+
+
+def _is_offload_copy(s: Sync) -> bool:
+    return "partition_grads" in s.funcs and ("Memcpy" in s.call or s.call == "cudaStreamSynchronize")
+
+
+def _is_reduce_throttle(s: Sync) -> bool:
+    return s.call == "cudaEventSynchronize" and "__reduce_and_partition_ipg_grads" in s.funcs
+
+
+def _is_fetch_throttle(s: Sync) -> bool:
+    return s.call == "cudaEventSynchronize" and ("fetch_sub_module" in s.funcs or "_fetch_sub_module_impl" in s.funcs)
+
+
+OWNERS: list[tuple[str, Callable[[Sync], bool]]] = [
+    ("comms-logger-sync", _is_comms_logger),
+    ("throughput-timer-sync", _is_throughput_timer),
+    ("offload-blocking-copy", _is_offload_copy),
+    ("reduce-event-throttle", _is_reduce_throttle),
+    ("fetch-throttle", _is_fetch_throttle),
+    ("epilogue-sync", _in("independent_gradient_partition_epilogue")),
+    ("host-sync", lambda s: True),
+]
+SEVERITY_CAP["epilogue-sync"] = "info"  # the last bucket is always exposed; reduce-scatter-deferred owns big ones
+
+
+def starvation(view: RankView, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For host calls blocked in [starts, ends): the window in which they left the compute stream with nothing
+    to run. That is from the later of the call's start and the end of the compute stream's queued work, to the
+    start of the first activity launched on it after the call, when that activity started as soon as it was
+    launched (if it then waited for something else, the host was not what held it)."""
+    g = view.gpu
+    on_s = np.flatnonzero(g.stream == view.compute_stream)
+    empty = (starts.copy(), starts.copy())
+    if not len(on_s):
+        return empty
+    on_s = on_s[np.argsort(view.launch[on_s], kind="stable")]
+    launch, start = view.launch[on_s], g.start[on_s]
+    queued_end = np.concatenate([[-np.inf], np.maximum.accumulate(g.end[on_s])])  # work launched before each
+    i = np.searchsorted(launch, ends, side="left")
+    ok = i < len(on_s)
+    lo, hi = starts.copy(), starts.copy()
+    j = i[ok]
+    starved = start[j] - launch[j] <= STARVED_LAUNCH_US
+    lo[ok] = np.maximum(starts[ok], queued_end[j])
+    hi[ok] = np.where(starved, np.maximum(start[j], lo[ok]), lo[ok])
+    return lo, hi
+
+
+def claim(view: RankView, syncs: list[Sync]) -> dict[str, list[tuple[Sync, float, float]]]:
+    """rule -> [(sync, starvation window start, end)]: each sync goes to the first rule that matches it."""
+    if not syncs:
+        return {}
+    lo, hi = starvation(view, np.array([s.start for s in syncs]), np.array([s.end for s in syncs]))
+    out: dict[str, list[tuple[Sync, float, float]]] = {}
+    for s, a, b in zip(syncs, lo.tolist(), hi.tolist(), strict=True):
+        rule = next(rule for rule, match in OWNERS if match(s))
+        out.setdefault(rule, []).append((s, a, b))
+    return out
+
+
+@rank_rule
+def sync_findings(view: RankView) -> list[dict[str, Any]]:
+    """One finding per sync rule (per call site for generic host syncs)."""
+    claimed = claim(view, host_syncs(view))
+    taken = iv.EMPTY
+    out = []
+    for rule, _ in OWNERS:
+        items = claimed.get(rule, [])
+        if not items:
+            continue
+        groups = _by_site(items) if rule == "host-sync" else {"": items}
+        for key, group in groups.items():
+            windows = iv.union(np.array([w[1] for w in group]), np.array([w[2] for w in group]))
+            cost, steps = _window_cost(view, windows, group, taken)
+            out.append(_describe(view, rule, key, group, cost, steps))
+            taken = iv.combine(taken, windows)
+    return [f for f in out if f is not None]
+
+
+def _window_cost(view: RankView, windows: iv.Intervals, group: list[tuple[Sync, float, float]],
+                 taken: iv.Intervals) -> tuple[float, list[int]]:  # fmt: skip
+    """Per-step compute idle in the merged windows not already claimed, each window capped at the time the
+    host was blocked in it: without the sync the host would have launched the next kernel that much earlier.
+    Work on the compute stream itself (e.g. a collective there) counts as busy: the sync did not cause it."""
+    free = iv.subtract(windows, taken)
+    owner = np.searchsorted(windows.starts, free.starts, side="right") - 1
+    idle = np.bincount(
+        owner, weights=view.idle(free.starts, free.ends, view.compute_stream_busy), minlength=len(windows)
+    )
+    if not len(windows):
+        return 0.0, []
+    starts = np.array([g[1] for g in group])
+    blocked = np.array([g[0].end - g[0].start for g in group])
+    which = np.searchsorted(windows.starts, starts, side="right") - 1
+    inside = (which >= 0) & (starts < windows.ends[np.maximum(which, 0)])
+    cap = np.bincount(which[inside], weights=blocked[inside], minlength=len(windows))
+    return view.per_step(np.minimum(idle, cap), windows.starts)
+
+
+def _by_site(items: list[tuple[Sync, float, float]]) -> dict[str, list[tuple[Sync, float, float]]]:
+    groups: dict[str, list[tuple[Sync, float, float]]] = {}
+    for item in items:
+        groups.setdefault(f"{item[0].call} @ {item[0].site.get('frame')}", []).append(item)
+    return groups
+
+
+def _describe(view: RankView, rule: str, key: str, group: list[tuple[Sync, float, float]], cost: float,
+              steps: list[int]) -> dict[str, Any] | None:  # fmt: skip
+    syncs = [g[0] for g in group]
+    calls = sorted({s.call for s in syncs})
+    blocked = sum(s.end - s.start for s in syncs)
+    evidence = {
+        "calls": calls,
+        "count": len(syncs),
+        "per_step": round(len(syncs) / view.n_steps, 2),
+        "host_blocked_us": round(blocked / view.n_steps, 3),
+        "first_at_us": round(syncs[0].start, 3),
+        "call_site": syncs[0].site.get("frame"),
+        "stack": syncs[0].site.get("stack", [])[:8],
+    }
+    text = TEXT[rule](view, syncs)
+    return finding(rule, text[0], text[1], cost, [view.rank_id], steps, evidence, text[2], key=key)
+
+
+# -- titles, reasons and fixes ------------------------------------------------------------------------------
+
+Text = tuple[str, str, dict[str, Any]]
+
+
+def _comms_logger(view: RankView, syncs: list[Sync]) -> Text:
+    return ("The comms logger synchronizes the device after every collective",
+            "deepspeed/comm/comm.py timed_op calls get_accelerator().synchronize() after each logged op while "
+            "comms_logger is enabled, so no collective can overlap compute",
+            make_fix(view.config, {"comms_logger.enabled": False}))  # fmt: skip
+
+
+def _throughput_timer(view: RankView, syncs: list[Sync]) -> Text:
+    fix = make_fix(view.config, {"timers.throughput.synchronized": False})
+    if config_value(view.config, "timers.throughput") is None:
+        fix["upgrade"] = "deepspeed>=0.14.3"  # timers.throughput is configurable from v0.14.3 (#5363)
+    return ("The throughput timer synchronizes the device at the start and end of every step",
+            "deepspeed/utils/timer.py ThroughputTimer.start/stop call get_accelerator().synchronize() when "
+            "timers.throughput.synchronized is true (always before v0.14.3)", fix)  # fmt: skip
+
+
+def _offload_copy(view: RankView, syncs: list[Sync]) -> Text:
+    return ("Gradient offload copies block the host during backward",
+            "before DeepSpeed 0.19.5 (#8207) partition_grads copies each gradient partition to CPU with a blocking "
+            "copy_, so backward stops launching compute until the copy is done",
+            make_fix(view.config, {"zero_optimization.offload_optimizer.pin_memory": True},
+                     upgrade="deepspeed>=0.19.5"))  # fmt: skip
+
+
+def _reduce_throttle(view: RankView, syncs: list[Sync]) -> Text:
+    bucket, _ = reduce_bucket_size(view)
+    params, _ = parameter_count(view)
+    target = bucket * 2 if params is None else min(bucket * 2, max(bucket, params // 4))
+    return ("Backward stalls on the reduce-scatter throttle",
+            "stage3.py __reduce_and_partition_ipg_grads blocks on cudaEventSynchronize when more than 2 bucket "
+            "reductions are in flight (max_param_reduce_events), so the autograd thread stops launching compute",
+            make_fix(view.config, {"zero_optimization.reduce_bucket_size": round_size(target)}))  # fmt: skip
+
+
+def _fetch_throttle(view: RankView, syncs: list[Sync]) -> Text:
+    current = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size") or DEFAULT_PREFETCH_BUCKET
+    return (
+        "Parameter fetches stall on the all-gather throttle",
+        "partitioned_param_coordinator.py fetch_sub_module blocks on event.synchronize() when more than 2 "
+        "all-gathers are in flight (__max_ongoing_fetch_events); fewer, larger gathers avoid it",
+        make_fix(view.config, {"zero_optimization.stage3_prefetch_bucket_size": round_size(int(current) * 2)}),
+    )
+
+
+def _epilogue(view: RankView, syncs: list[Sync]) -> Text:
+    bucket, _ = reduce_bucket_size(view)
+    return (
+        "The backward epilogue waits for the last gradient bucket",
+        "stage3.py independent_gradient_partition_epilogue flushes the last bucket and calls "
+        "reduce_and_partition_stream.synchronize(): the last reduce-scatter is always exposed",
+        make_fix(view.config, {"zero_optimization.reduce_bucket_size": round_size(max(bucket // 2, 1))}),
+    )
+
+
+def _host_sync(view: RankView, syncs: list[Sync]) -> Text:
+    site = syncs[0].site.get("frame") or "top-level code (no enclosing op)"
+    call = syncs[0].call
+    return (
+        f"Host-blocking {call} in {site}",
+        f"{call} stops the launching thread until the GPU drains its queue, so compute idles until the "
+        "next launch; use events and stream waits instead, or move the sync out of the step",
+        {},
+    )
+
+
+TEXT: dict[str, Callable[[RankView, list[Sync]], Text]] = {
+    "comms-logger-sync": _comms_logger,
+    "throughput-timer-sync": _throughput_timer,
+    "offload-blocking-copy": _offload_copy,
+    "reduce-event-throttle": _reduce_throttle,
+    "fetch-throttle": _fetch_throttle,
+    "epilogue-sync": _epilogue,
+    "host-sync": _host_sync,
+}

@@ -1,0 +1,169 @@
+"""Compute-stream stalls on other streams: cross-stream waits and all-gathers that were not prefetched.
+
+A stall is a gap on the compute stream before an activity that was already launched and whose stream
+predecessor had finished, ending when an activity on another stream ends: the compute stream was held by a
+cross-stream dependency (`cudaStreamWaitEvent` from `wait_stream` / `Work.wait()`, or NCCL / hardware
+ordering). Its cost is the compute idle inside the gap. Each stall is traced back to the communication kernel
+it waited for; the rules in this module and in `streams` share them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.diagnose.context import RankView
+from overlapcheck.diagnose.finding import config_value, finding, make_fix
+from overlapcheck.diagnose.registry import rank_rule
+from overlapcheck.diagnose.sizing import AG, DEFAULT_PREFETCH_BUCKET
+from overlapcheck.trace import classify as C
+
+STALL_MIN_US = 10.0  # shorter gaps are launch latency
+DEPENDENCY_TOLERANCE_US = 5.0  # how close the end of the awaited activity and the stalled start must be
+_CHAIN = 3  # how many abutting activities to walk back on the awaited stream to find the collective
+
+
+@dataclass
+class Stalls:
+    """Stalls of the compute stream, one row each."""
+
+    kernel: np.ndarray  # GPU row of the stalled activity
+    start: np.ndarray  # the gap: [start, end)
+    end: np.ndarray
+    comm: np.ndarray  # GPU row of the collective waited for, -1 when none
+    cost: np.ndarray  # compute idle in the gap
+    prev_launch: np.ndarray  # launch time of the activity before the stalled one on the compute stream
+
+
+def stalls(view: RankView) -> Stalls:
+    """The compute stream's stalls (computed once per rank)."""
+    cached = view.__dict__.get("_stalls")
+    if cached is None:
+        cached = view.__dict__["_stalls"] = _find_stalls(view)
+    return cached
+
+
+def _find_stalls(view: RankView) -> Stalls:
+    g = view.gpu
+    empty = np.zeros(0, dtype=np.int64)
+    on_s = np.flatnonzero(g.stream == view.compute_stream)
+    other = np.flatnonzero(g.stream != view.compute_stream)
+    if len(on_s) < 2 or not len(other):
+        return Stalls(empty, np.zeros(0), np.zeros(0), empty, np.zeros(0), np.zeros(0))
+    on_s = on_s[np.argsort(g.start[on_s], kind="stable")]
+    prev_end = np.maximum.accumulate(g.end[on_s])[:-1]
+    k = on_s[1:]
+    gap_start = np.maximum(prev_end, view.launch[k])
+    stalled = g.start[k] - gap_start >= STALL_MIN_US
+    other = other[np.argsort(g.end[other], kind="stable")]
+    j = np.searchsorted(g.end[other], g.start[k] + DEPENDENCY_TOLERANCE_US, side="right") - 1
+    ok = stalled & (j >= 0)
+    ok[ok] = g.end[other[j[ok]]] >= g.start[k[ok]] - DEPENDENCY_TOLERANCE_US
+    rows = np.flatnonzero(ok)
+    awaited = other[j[rows]]
+    comm = np.array([_collective_behind(view, int(a)) for a in awaited.tolist()], dtype=np.int64)
+    k_rows = k[rows]
+    start, end = gap_start[rows], g.start[k_rows]
+    return Stalls(k_rows, start, end, comm, view.idle(start, end), view.launch[on_s[:-1][rows]])
+
+
+def _collective_behind(view: RankView, row: int) -> int:
+    """The collective an awaited activity is, or follows closely on its own stream (e.g. a `cat` after an
+    all-gather); -1 when there is none."""
+    g = view.gpu
+    for _ in range(_CHAIN):
+        if g.cls[row] == C.COMM:
+            return row
+        same = np.flatnonzero(
+            (g.stream == g.stream[row])
+            & (g.end <= g.start[row] + DEPENDENCY_TOLERANCE_US)
+            & (g.end >= g.start[row] - DEPENDENCY_TOLERANCE_US)
+            & (np.arange(len(g)) != row)
+        )
+        if not len(same):
+            return -1
+        row = int(same[np.argmax(g.end[same])])
+    return row if g.cls[row] == C.COMM else -1
+
+
+def on_demand(view: RankView, st: Stalls) -> np.ndarray:
+    """Stalls on an all-gather launched after the compute before the stall: fetched when needed, not earlier."""
+    g = view.gpu
+    has = st.comm >= 0
+    out = np.zeros(len(st.kernel), dtype=bool)
+    c = st.comm[has]
+    out[has] = (g.coll[c] == AG) & (view.launch[c] > st.prev_launch[has])
+    return out
+
+
+def rest(view: RankView, st: Stalls, claimed: np.ndarray) -> np.ndarray:
+    """Each stall's cost minus what more specific rules claimed."""
+    return np.maximum(st.cost - claimed, 0.0)
+
+
+@rank_rule
+def allgather_not_prefetched(view: RankView) -> list[dict[str, Any]]:
+    """partitioned_param_coordinator.py (v0.6 .. 0.19.x) fetch_sub_module prefetches the next modules'
+    parameters only when the parameter trace is complete (is_complete_trace) and stage3_prefetch_bucket_size > 0;
+    otherwise each all-gather is issued when its module runs and `current_stream().wait_stream(__allgather_stream)`
+    makes compute wait for the whole transfer."""
+    from overlapcheck.diagnose.streams import claimed_by_specific, no_concurrency
+
+    if no_concurrency(view):
+        return []
+    st = stalls(view)
+    mask = on_demand(view, st)
+    costs = rest(view, st, claimed_by_specific(view, st))[mask]
+    per_step = mask.sum() / view.n_steps
+    if per_step < 2:  # the first fetch of forward and of backward has nothing to hide behind
+        return []
+    cost, steps = view.per_step(costs, view.launch[st.kernel[mask]])
+    prefetch = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
+    if prefetch is not None and prefetch <= 0:
+        why = "stage3_prefetch_bucket_size is 0, so no all-gather is issued before its module needs it"
+        fix = make_fix(view.config, {"zero_optimization.stage3_prefetch_bucket_size": DEFAULT_PREFETCH_BUCKET})
+    else:
+        why = (
+            "all-gathers are issued only when their module runs: the parameter trace is being invalidated "
+            "(dynamic control flow); set log_trace_cache_warnings to see which module changes the order"
+        )
+        fix = make_fix(view.config, {"zero_optimization.log_trace_cache_warnings": True})
+    evidence = {"on_demand_fetches_per_step": round(float(per_step), 2), "prefetch_bucket_size": prefetch}
+    return [finding("allgather-not-prefetched", "Compute waits for all-gathers that were not prefetched", why, cost,
+                    [view.rank_id], steps, evidence, fix)]  # fmt: skip
+
+
+@rank_rule
+def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
+    """torch `Stream.wait_stream` / `Work.wait()` record an event on one stream and make another wait for it
+    (cudaStreamWaitEvent). DeepSpeed ZeRO-3 makes the compute stream wait for __allgather_stream in
+    fetch_sub_module (partitioned_param_coordinator.py), and since v0.14.3 (#5606) ZeRO-1/2 average_tensor makes it
+    wait for the reduction stream (DS #8364). Stalls not owned by a more specific rule are reported here, by the
+    collective they waited for."""
+    from overlapcheck.diagnose.streams import claimed_by_specific, no_concurrency
+
+    if no_concurrency(view):
+        return []
+    st = stalls(view)
+    left = rest(view, st, claimed_by_specific(view, st))
+    left[on_demand(view, st)] = 0.0
+    g = view.gpu
+    out = []
+    kinds = np.where(st.comm >= 0, g.coll[np.maximum(st.comm, 0)], -1)
+    for kind in np.unique(kinds).tolist():
+        sel = (kinds == kind) & (left > 0)
+        if not sel.any():
+            continue
+        cost, steps = view.per_step(left[sel], view.launch[st.kernel[sel]])
+        name = C.COLLECTIVES[kind] if kind >= 0 else "non-communication work"
+        awaited = st.comm[sel][st.comm[sel] >= 0]
+        evidence = {"waited_for": name, "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
+                    "compute_stream": view.compute_stream,
+                    "waited_on_streams": sorted({int(s) for s in g.stream[awaited].tolist()})}  # fmt: skip
+        out.append(finding("cross-stream-wait", f"Compute stream waits for {name} on another stream",
+                           f"the compute stream is held by a stream wait until {name} finishes, and no other "
+                           "compute is ready to run meanwhile", cost, [view.rank_id], steps, evidence, {},
+                           key=name))  # fmt: skip
+    return out
