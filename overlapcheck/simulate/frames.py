@@ -16,7 +16,7 @@ from overlapcheck.simulate.config import SimConfig
 
 _NEW = {
     "fetch": 307, "fetch_impl": 353, "add_grad": 1619, "reduce_ipg": 1646, "epilogue": 1406,
-    "partition_grads": 2004, "log_wrapper": 111,
+    "partition_grads": 2005, "log_wrapper": 111,
 }
 _OLD = {
     "fetch": 261, "fetch_impl": 261, "add_grad": 1230, "reduce_ipg": 1249, "epilogue": 1082,
@@ -44,7 +44,7 @@ class Frames:
         return (f"{Z}parameter_offload.py(358): _pre_forward_module_hook",)
 
     def pre_backward_hook(self) -> tuple[str, ...]:
-        return (f"{Z}parameter_offload.py(456): _run_before_backward_function",)
+        return (f"{Z}parameter_offload.py(455): _run_before_backward_function",)
 
     def fetch(self) -> tuple[str, ...]:
         return (NVTX, f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module",
@@ -91,8 +91,8 @@ class Frames:
         return ("deepspeed/runtime/engine.py(3381): backward",)
 
     def loss_backward(self) -> tuple[str, ...]:
-        return ("torch/_tensor.py(625): backward", "torch/autograd/__init__.py(354): backward",
-                "torch/autograd/graph.py(829): _engine_run_backward")
+        return ("torch/_tensor.py(566): backward", "torch/autograd/__init__.py(255): backward",
+                "torch/autograd/graph.py(966): _engine_run_backward")
 
     def epilogue(self) -> tuple[str, ...]:
         return ("deepspeed/runtime/engine.py(3153): _backward_epilogue",
@@ -114,8 +114,8 @@ class Frames:
         line = 231 if which == "start" else 246
         return (f"deepspeed/utils/timer.py({line}): {which}",
                 "deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
-                "torch/cuda/__init__.py(1083): synchronize")
+                "torch/cuda/__init__.py(1209): synchronize")
 
     def accelerator_sync(self) -> tuple[str, ...]:
         return ("deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
-                "torch/cuda/__init__.py(1083): synchronize")
+                "torch/cuda/__init__.py(1209): synchronize")
