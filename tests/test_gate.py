@@ -134,19 +134,40 @@ def test_exposed_per_step_is_mean_over_steps():
 def test_baseline_regression_fails_beyond_relative_tolerance():
     base = make_report(4, overlaps=[0.8] * 4)
     worse = make_report(4, overlaps=[0.8, 0.8, 0.7, 0.8])  # rank 2: 20 % -> 30 % exposed: +50 %
-    checks = by_id(run_checks(worse, GateConfig(max_exposed_regression={"all": 0.1}), baseline=base))
-    check = checks["exposed-regression.all"]
+    config = GateConfig(max_exposed_regression={"all": 0.1}, across="worst")
+    check = by_id(run_checks(worse, config, baseline=base))["exposed-regression.all"]
     assert not check.passed
     assert "+50.0%" in check.measured and "worst rank 2" in check.detail
-    same = run_checks(copy.deepcopy(base), GateConfig(max_exposed_regression={"all": 0.1}), baseline=base)
-    assert exit_code(same) == 0
+    assert exit_code(run_checks(copy.deepcopy(base), config, baseline=base)) == 0
+
+
+def test_baseline_comparisons_default_to_the_median_rank():
+    base = make_report(4, overlaps=[0.8] * 4)
+    one_rank = make_report(4, overlaps=[0.8, 0.8, 0.7, 0.8])  # one rank worse: the median rank is unchanged
+    checks = by_id(run_checks(one_rank, GateConfig(), baseline=base))
+    assert checks["exposed-regression.all"].passed and "median of 4" in checks["exposed-regression.all"].detail
+    all_ranks = make_report(4, overlaps=[0.7] * 4)
+    assert not by_id(run_checks(all_ranks, GateConfig(), baseline=base))["exposed-regression.all"].passed
+
+
+def test_overlap_drop_in_points():
+    base = make_report(4, overlaps=[0.8] * 4)
+    checks = by_id(run_checks(make_report(4, overlaps=[0.76] * 4), GateConfig(), baseline=base))
+    drop = checks["overlap-drop.all"]
+    assert drop.passed and "-4.0 pts" in drop.measured and drop.limit == "drop ≤ 5.0 pts"
+    checks = by_id(run_checks(make_report(4, overlaps=[0.7] * 4),
+                              GateConfig(max_overlap_drop={"all": 0.05, "all_gather": 0.2}), baseline=base))
+    assert not checks["overlap-drop.all"].passed and checks["overlap-drop.all_gather"].passed
+    assert "exposed-regression.all" not in checks  # explicit baseline checks replace the defaults
+    vanished = by_id(run_checks(base, GateConfig(max_overlap_drop={"all_to_all": 0.0}), baseline=base))
+    assert vanished["overlap-drop.all_to_all"].passed
 
 
 def test_baseline_default_tolerance_is_10_percent():
     base = make_report(2, overlaps=[0.8, 0.8])
     slightly = make_report(2, overlaps=[0.79, 0.79])  # exposed 20 % -> 21 %: +5 %
     checks = run_checks(slightly, GateConfig(ignore_below_us=0), baseline=base)
-    assert [c.id for c in checks] == ["inputs", "exposed-regression.all"]
+    assert [c.id for c in checks] == ["inputs", "exposed-regression.all", "overlap-drop.all"]
     assert exit_code(checks) == 0
     assert exit_code(run_checks(make_report(2, overlaps=[0.77, 0.77]), GateConfig(ignore_below_us=0),
                                 baseline=base)) == 1  # +15 %
@@ -171,7 +192,7 @@ def test_improvement_passes_and_vanished_collective_is_zero():
 
 
 def test_regression_without_baseline_is_a_user_error():
-    with pytest.raises(UserError, match="needs --baseline"):
+    with pytest.raises(UserError, match="need --baseline"):
         run_checks(make_report(1), GateConfig(max_exposed_regression={"all": 0.1}))
 
 
@@ -182,7 +203,7 @@ def _mixed_checks():
     base = make_report(4, overlaps=[0.8] * 4)
     cur = make_report(4, overlaps=[0.8, 0.8, 0.5, 0.8])
     config = GateConfig(min_overlap={"all": 0.6, "reduce_scatter": 0.5}, max_exposed_share=0.5,
-                        max_exposed_regression={"all": 0.1})
+                        max_exposed_regression={"all": 0.1}, across="worst")
     return run_checks(cur, config, baseline=base)
 
 

@@ -49,7 +49,7 @@ def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
     base = write("base.json", make_report(4, overlaps=[0.8] * 4))
     cur = write("cur.json", make_report(4, overlaps=[0.8, 0.8, 0.7, 0.8]))
     junit, md, summary = tmp_path / "gate.xml", tmp_path / "gate.md", tmp_path / "summary.md"
-    result = gate(cur, "--baseline", base, "--max-exposed-regression", "10%", "--junit", str(junit),
+    result = gate(cur, "--baseline", base, "--max-exposed-regression", "10%", "--across", "worst", "--junit", str(junit),
                   "--markdown", str(md), env={"GITHUB_STEP_SUMMARY": str(summary)})
     assert result.exit_code == 1, result.output
     cases = ET.parse(junit).getroot().findall("testsuite/testcase")
@@ -61,7 +61,16 @@ def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
 
 def test_baseline_unchanged_passes(write):
     base = write("base.json", make_report(4))
-    assert gate(base, "--baseline", base).exit_code == 0
+    result = gate(base, "--baseline", base)
+    assert result.exit_code == 0
+    assert "gate: PASS (3 checks)" in result.output  # inputs, exposed regression, overlap drop
+
+
+def test_overlap_drop_exit_1(write):
+    base = write("base.json", make_report(4, overlaps=[0.8] * 4))
+    cur = write("cur.json", make_report(4, overlaps=[0.72] * 4))
+    result = gate(cur, "--baseline", base, "--max-overlap-drop", "5%")
+    assert result.exit_code == 1 and "-8.0 pts" in result.output
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -72,7 +81,7 @@ def test_baseline_unchanged_passes(write):
     (["{dir}/ok.json", "--min-overlap", "all=high"], "not a number"),
     (["{dir}/ok.json", "--min-overlap", "rs=0.5"], "unknown collective"),
     (["{dir}/ok.json", "--max-exposed-share", "20"], "above 1"),
-    (["{dir}/ok.json", "--max-exposed-regression", "10%"], "needs --baseline"),
+    (["{dir}/ok.json", "--max-exposed-regression", "10%"], "need --baseline"),
     (["{dir}/ok.json", "--baseline", "{dir}/v2.json"], "not supported"),
     (["{dir}/ok.json", "--baseline", "{dir}/ok.json", "--ignore-below-us", "x"], "not a number"),
     (["{dir}/ok.json"], "nothing to check"),

@@ -1,13 +1,17 @@
 """The CI regression gate: checks an `overlapcheck.report/1` document against thresholds and a baseline.
 
 How checks treat ranks (documented in docs/ci-gate.md):
-- every check reduces the per-rank values to one number, either the *worst* rank (default: the lowest
-  overlap, the highest exposed share or exposed time) or the *median* rank (`across="median"`);
+- every check reduces the per-rank values to one number, either the *worst* rank (the lowest overlap, the
+  highest exposed share or exposed time) or the *median* rank. By default thresholds use the worst rank
+  (a threshold is a promise about every rank) and baseline comparisons the median rank (the worst rank is
+  noisier run to run); `across` picks one reduction for every check;
 - `min-overlap.<kind>`: `collectives.<kind>.overlap` of the rank (whole trace) >= the threshold;
 - `max-exposed-share`: the rank's `exposed_share` <= the threshold;
 - `exposed-regression.<kind>`: exposed communication of that kind *per profiled step* (the mean over the
   rank's steps, or the whole trace when it has none) may grow over the baseline by at most
-  `max(relative * baseline, ignore_below_us)`, so sub-noise changes never fail a build.
+  `max(relative * baseline, ignore_below_us)`, so sub-noise changes never fail a build;
+- `overlap-drop.<kind>`: the overlap may fall below the baseline's by at most the given fraction
+  (0.05 = 5 percentage points).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ SUPPORTED_MAJOR = 1
 COLLECTIVE_KINDS = ("all", "reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv",
                     "broadcast", "other")
 ACROSS = ("worst", "median")
+DEFAULT_REGRESSION = {"all": 0.10}  # with --baseline and no explicit baseline check
+DEFAULT_DROP = {"all": 0.05}
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,12 @@ class GateConfig:
     min_overlap: dict[str, float] = field(default_factory=dict)
     max_exposed_share: float | None = None
     max_exposed_regression: dict[str, float] = field(default_factory=dict)
+    max_overlap_drop: dict[str, float] = field(default_factory=dict)
     ignore_below_us: float = 100.0
-    across: str = "worst"
+    across: str | None = None  # None: worst rank for thresholds, median rank for baseline comparisons
+
+    def reduction(self, baseline_check: bool) -> str:
+        return self.across or ("median" if baseline_check else "worst")
 
 
 # ----------------------------------------------------------------------------------------------- input
@@ -130,13 +140,14 @@ def parse_min_overlap(items: Iterable[str]) -> dict[str, float]:
     return out
 
 
-def parse_regressions(items: Iterable[str]) -> dict[str, float]:
+def parse_regressions(items: Iterable[str], what: str = "--max-exposed-regression",
+                      allow_over_one: bool = True) -> dict[str, float]:
     """['10%'] -> {'all': 0.1}; ['all_gather=25%'] -> {'all_gather': 0.25}."""
     out: dict[str, float] = {}
     for item in items:
         name, sep, value = item.rpartition("=")
-        kind = _kind(name, "--max-exposed-regression") if sep else "all"
-        out[kind] = parse_fraction(value, "--max-exposed-regression", allow_over_one=True)
+        kind = _kind(name, what) if sep else "all"
+        out[kind] = parse_fraction(value, what, allow_over_one=allow_over_one)
     return out
 
 
@@ -227,18 +238,21 @@ def fmt_us(value: float | None) -> str:
 
 def run_checks(report: dict, config: GateConfig, baseline: dict | None = None) -> list[Check]:
     """Every check the configuration asks for, in a stable order (inputs, thresholds, regressions)."""
-    if config.across not in ACROSS:
+    if config.across is not None and config.across not in ACROSS:
         raise UserError(f"--across must be one of {', '.join(ACROSS)}")
-    if config.max_exposed_regression and baseline is None:
-        raise UserError("--max-exposed-regression needs --baseline BASE.json")
+    if (config.max_exposed_regression or config.max_overlap_drop) and baseline is None:
+        raise UserError("--max-exposed-regression and --max-overlap-drop need --baseline BASE.json")
     checks = [_inputs_check(report)]
     for kind, threshold in config.min_overlap.items():
-        checks.append(_min_overlap_check(report, kind, threshold, config.across))
+        checks.append(_min_overlap_check(report, kind, threshold, config.reduction(False)))
     if config.max_exposed_share is not None:
-        checks.append(_exposed_share_check(report, config.max_exposed_share, config.across))
+        checks.append(_exposed_share_check(report, config.max_exposed_share, config.reduction(False)))
     if baseline is not None:
-        for kind, rel in (config.max_exposed_regression or {"all": 0.10}).items():
+        explicit = config.max_exposed_regression or config.max_overlap_drop
+        for kind, rel in (config.max_exposed_regression or ({} if explicit else DEFAULT_REGRESSION)).items():
             checks.append(_regression_check(report, baseline, kind, rel, config))
+        for kind, points in (config.max_overlap_drop or ({} if explicit else DEFAULT_DROP)).items():
+            checks.append(_overlap_drop_check(report, baseline, kind, points, config.reduction(True)))
     return checks
 
 
@@ -288,21 +302,40 @@ def _regression_check(report: dict, baseline: dict, kind: str, rel: float, confi
     def metric(r: dict) -> float:
         return rank_exposed_per_step(r, kind)
 
-    cur = reduce_ranks(report, metric, config.across, higher_is_worse=True)
-    base = reduce_ranks(baseline, metric, config.across, higher_is_worse=True)
-    name = f"{kind} exposed per step vs baseline ({config.across})"
+    across = config.reduction(True)
+    cur = reduce_ranks(report, metric, across, higher_is_worse=True)
+    base = reduce_ranks(baseline, metric, across, higher_is_worse=True)
+    name = f"{kind} exposed per step vs baseline ({across})"
     limit = f"≤ +{rel * 100:.0f}% (or +{fmt_us(config.ignore_below_us)})"
     cur_v, base_v = cur.value or 0.0, base.value or 0.0
     delta = cur_v - base_v
     allowed = max(rel * base_v, config.ignore_below_us)
     change = f"{delta / base_v * 100:+.1f}%" if base_v > 0 else f"{'+' if delta >= 0 else '-'}{fmt_us(abs(delta))}"
     measured = f"{fmt_us(cur_v)} vs {fmt_us(base_v)} ({change})"
-    detail = f"{cur.where(config.across)}; baseline {base.where(config.across)}"
+    detail = f"{cur.where(across)}; baseline {base.where(across)}"
     if delta > 0 and delta <= allowed and delta > rel * base_v:
         detail += f"; +{fmt_us(delta)} is under the {fmt_us(config.ignore_below_us)} noise floor"
     if cur.ranks != base.ranks and cur.ranks and base.ranks:
         detail += f"; rank count differs ({cur.ranks} vs {base.ranks})"
     return Check(f"exposed-regression.{kind}", name, delta <= allowed, measured, limit, detail)
+
+
+def _overlap_drop_check(report: dict, baseline: dict, kind: str, points: float, across: str) -> Check:
+    def metric(r: dict) -> float | None:
+        return rank_overlap(r, kind)
+
+    cur = reduce_ranks(report, metric, across, higher_is_worse=False)
+    base = reduce_ranks(baseline, metric, across, higher_is_worse=False)
+    name = f"{kind} overlap vs baseline ({across})"
+    limit = f"drop ≤ {points * 100:.1f} pts"
+    if cur.value is None or base.value is None:
+        missing = "now" if cur.value is None else "in the baseline"
+        return Check(f"overlap-drop.{kind}", name, True, f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)}",
+                     limit, f"no {kind} communication {missing}: nothing to compare")
+    drop = base.value - cur.value
+    measured = f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)} ({-drop * 100:+.1f} pts)"
+    detail = f"{cur.where(across)}; baseline {base.where(across)}"
+    return Check(f"overlap-drop.{kind}", name, drop <= points + 1e-12, measured, limit, detail)
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -1,0 +1,44 @@
+"""The gate on simulated ZeRO-3 jobs: seed-to-seed noise passes the defaults, a real regression fails them."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from overlapcheck.cli import main
+
+
+def simulate_and_analyze(tmp_path, scenario: str, seed: int) -> str:
+    runner = CliRunner()
+    out = tmp_path / f"{scenario}-{seed}"
+    result = runner.invoke(main, ["simulate", "--scenario", scenario, "--seed", str(seed), "--steps", "2",
+                                  "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = tmp_path / f"{scenario}-{seed}.json"
+    result = runner.invoke(main, ["analyze", str(out), "--format", "json", "-o", str(report)])
+    assert result.exit_code == 0, result.output
+    return str(report)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> str:
+    return simulate_and_analyze(tmp_path_factory.mktemp("sim"), "healthy", 1)
+
+
+def gate(*args: str):
+    return CliRunner().invoke(main, ["gate", *args], env={"GITHUB_STEP_SUMMARY": ""})
+
+
+def test_run_to_run_noise_passes_default_tolerances(baseline, tmp_path):
+    again = simulate_and_analyze(tmp_path, "healthy", 2)  # same job, other jitter and clock offsets
+    result = gate(again, "--baseline", baseline, "--min-overlap", "all=0.7")
+    assert result.exit_code == 0, result.output
+
+
+def test_config_regression_fails(baseline, tmp_path):
+    worse = simulate_and_analyze(tmp_path, "healthy+bucket-too-large", 2)
+    junit = tmp_path / "gate.xml"
+    result = gate(worse, "--baseline", baseline, "--junit", str(junit))
+    assert result.exit_code == 1, result.output
+    assert "gate: FAIL (2 of 3 checks failed)" in result.output
+    assert junit.read_text().count("<failure") == 2
