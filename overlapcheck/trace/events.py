@@ -7,7 +7,7 @@ import msgspec
 Id = int | str | None
 
 
-class Args(msgspec.Struct, frozen=True):
+class Args(msgspec.Struct, frozen=True, gc=False):
     """Event args used by the analysis and the diagnosis (old and new Kineto spellings)."""
 
     stream: Id = None
@@ -30,7 +30,7 @@ class Args(msgspec.Struct, frozen=True):
     nbytes: int | None = msgspec.field(default=None, name="bytes")
 
 
-class Event(msgspec.Struct, frozen=True):
+class Event(msgspec.Struct, frozen=True, gc=False):
     """One trace event. `ph` X = complete, M = metadata, s/f = flow start/finish, i = instant."""
 
     ph: str = ""

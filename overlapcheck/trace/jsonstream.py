@@ -25,8 +25,8 @@ import numpy as np
 
 from overlapcheck.errors import UserError
 
-CHUNK = 16 << 20
-TAIL = 1 << 20  # where to look for the last event boundary of a chunk
+CHUNK = 4 << 20
+TAIL = 256 << 10  # where to look for the last event boundary of a chunk
 
 _OPEN = np.zeros(256, dtype=np.int8)
 _OPEN[ord("{")] = _OPEN[ord("[")] = 1

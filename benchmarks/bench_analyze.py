@@ -1,0 +1,134 @@
+"""Benchmark `overlapcheck analyze` against HTA and plain JSON parsers on the same large traces.
+
+    .venv/bin/python -m benchmarks.bench_analyze            # 50 MB, 500 MB sim + 500 MB real; add --big for 2 GB
+    .venv/bin/python -m benchmarks.bench_analyze --quick    # 50 MB sim + 100 MB real, a couple of minutes
+
+Every measurement is a separate process (start-up and imports included): wall time, CPU time and peak RSS.
+Results are printed as a table with ratios and saved to benchmarks/data/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from benchmarks import inputs as I
+from benchmarks.measure import Run, best, measure
+
+PY = sys.executable
+MB = 1 << 20
+
+_JSON_LOAD = "import json, sys\nwith open(sys.argv[1], 'rb') as f: json.load(f)"
+_ORJSON = "import orjson, sys\nwith open(sys.argv[1], 'rb') as f: orjson.loads(f.read())"
+_GUNZIP = """import sys
+{imp}
+with {opener}(sys.argv[1], 'rb') as f:
+    while f.read(16 << 20): pass"""
+_HTA = """import sys
+from hta.trace_analysis import TraceAnalysis
+TraceAnalysis(trace_dir=sys.argv[1]).get_comm_comp_overlap(visualize=False)"""
+
+
+def _analyze(paths: list[str], out: str, jobs: int | None = None) -> list[str]:
+    argv = [PY, "-m", "overlapcheck", "analyze", *paths, "--format", "json", "-o", out, "--force"]
+    return argv + (["--jobs", str(jobs)] if jobs else [])
+
+
+def _hta_folder(path: str, tmp: str) -> str:
+    """HTA reads a folder of rank files: one symlink named like a rank file."""
+    folder = tempfile.mkdtemp(dir=tmp)
+    os.symlink(os.path.abspath(path), os.path.join(folder, "rank-0.json" + (".gz" if path.endswith(".gz") else "")))
+    return folder
+
+
+def bench_input(inp: I.Input, repeat: int, hta_max_mb: int, tmp: str) -> dict[str, Run]:
+    out = os.path.join(tmp, "report.json")
+    runs: dict[str, list[str]] = {
+        "analyze": _analyze([inp.path], out),
+        "json.load": [PY, "-c", _JSON_LOAD, inp.path],
+        "orjson.loads": [PY, "-c", _ORJSON, inp.path],
+    }
+    if inp.size <= hta_max_mb * MB:
+        runs["HTA"] = [PY, "-c", _HTA, _hta_folder(inp.path, tmp)]
+    if inp.gz:
+        runs["analyze .gz"] = _analyze([inp.gz], out)
+        runs["gunzip (zlib)"] = [PY, "-c", _GUNZIP.format(imp="import gzip", opener="gzip.open"), inp.gz]
+        runs["gunzip (isal)"] = [PY, "-c", _GUNZIP.format(imp="from isal import igzip", opener="igzip.open"), inp.gz]
+    results = {}
+    for name, argv in runs.items():
+        results[name] = best([measure(name, argv) for _ in range(repeat)])
+        _print_run(results[name], inp.size)
+    return results
+
+
+def bench_ranks(folder: str, repeat: int, tmp: str) -> dict[str, Run]:
+    """The multi-rank set with 1 and with all cores: how the speed scales with cores."""
+    out = os.path.join(tmp, "report.json")
+    results = {}
+    for jobs in sorted({1, os.cpu_count() or 1}):
+        name = f"analyze {len(_traces(folder))} ranks -j{jobs}"
+        results[name] = best([measure(name, _analyze([folder], out, jobs)) for _ in range(repeat)])
+        _print_run(results[name], sum(os.path.getsize(p) for p in _traces(folder)))
+    return results
+
+
+def _traces(folder: str) -> list[str]:
+    return [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("rank") and ".trace.json" in n]
+
+
+def _print_run(r: Run, size: int) -> None:
+    state = "" if r.ok else f"  FAILED: {r.error}"
+    print(f"    {r.name:<28} {r.wall_s:8.2f} s wall {r.cpu_s:8.2f} s cpu {r.peak_rss_mb:8.0f} MB peak "
+          f"({r.peak_rss_mb * MB / size:.2f}x file){state}", flush=True)  # fmt: skip
+
+
+def ratios(res: dict[str, Run], size: int) -> dict[str, float | None]:
+    a = res["analyze"]
+
+    def faster(name: str) -> float | None:
+        other = res.get(name)
+        return other.wall_s / a.wall_s if other and other.ok and a.ok else None
+
+    out = {"vs HTA (x faster, target >= 10)": faster("HTA"), "vs orjson.loads (x faster, target >= 3)":
+           faster("orjson.loads"), "vs json.load (x faster)": faster("json.load"),
+           "peak RSS / file size (target <= 0.25)": a.peak_rss_mb * MB / size}  # fmt: skip
+    if "analyze .gz" in res and res["analyze .gz"].ok:
+        out["analyze .gz / analyze plain (wall)"] = res["analyze .gz"].wall_s / a.wall_s
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a small subset: 50 MB sim and 100 MB real traces")
+    parser.add_argument("--big", action="store_true", help="also the 2 GB trace (deleted afterwards)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement; the fastest counts")
+    parser.add_argument("--hta-max-mb", type=int, default=1024, help="skip HTA above this size (its memory)")
+    args = parser.parse_args(argv)
+    print(f"building inputs in {I.DATA} ...", flush=True)
+    todo = I.build(args.quick, args.big)
+    report: dict = {"cpus": os.cpu_count(), "inputs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for inp in todo:
+            print(f"\n{inp.name}: {inp.path} ({inp.size / MB:.0f} MB)", flush=True)
+            res = bench_input(inp, args.repeat, args.hta_max_mb, tmp)
+            rat = ratios(res, inp.size)
+            for k, v in rat.items():
+                print(f"    {k:<44} {'-' if v is None else f'{v:.2f}'}")
+            report["inputs"].append({"name": inp.name, "size_mb": inp.size / MB, "ratios": rat,
+                                     "runs": {k: vars(v) for k, v in res.items()}})  # fmt: skip
+        if todo[0].folder:
+            print(f"\nmulti-rank set {todo[0].folder}", flush=True)
+            report["ranks"] = {k: vars(v) for k, v in bench_ranks(todo[0].folder, args.repeat, tmp).items()}
+    if args.big:
+        for inp in todo:
+            if inp.size > 1500 * MB:
+                os.remove(inp.path)
+    with open(os.path.join(I.DATA, "results.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
