@@ -232,3 +232,17 @@ def test_write_html_is_atomic_and_refuses_to_overwrite(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["report.html"]  # no temp file left behind
     with pytest.raises(UserError, match="folder does not exist"):
         write_html(make_report(1), str(tmp_path / "missing" / "r.html"), force=False)
+
+
+def test_tolerates_nulls_and_partial_documents():
+    minimal = Page(render_html({"schema": "overlapcheck.report/1", "ranks": []}))
+    assert "No ranks in this report" in minimal.visible()
+    report = make_report(2)
+    report.update(tool=None, summary=None, findings_explain_share=None)
+    report["ranks"][0].update(host=None, exposed_share=None, steps=[])
+    report["findings"][0].update(fix=None, evidence=None, cost_us=None)
+    report["timelines"] = {"0": {"step": None, "lanes": [], "events": [], "names": [], "exposed": []},
+                           "not-a-rank": {}, "1": {"events": [[0, "bad", 1, "compute", 0], None]}}
+    page = Page(render_html(report))
+    assert "Reduce-scatter runs after the last backward kernel" in page.visible()
+    assert [b["rank"] for b in page.json_blocks() if "lanes" in b] == [0, 1]
