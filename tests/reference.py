@@ -203,6 +203,30 @@ def collective_times(trace: Trace) -> dict[str, float]:
     return {kind: union_length(ivs) for kind, ivs in by_kind.items()}
 
 
+def kernels_per_step(trace: Trace) -> dict[int, tuple[int, int]]:
+    """{step number: (kernels, communication kernels)} by the ProfilerStep#N whose CPU span contains the kernel's
+    launch (runtime call with the same correlation id)."""
+    steps = []
+    for e in trace.events:
+        m = re.fullmatch(r"ProfilerStep#(\d+)", str(e.get("name", "")))
+        if m and e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op", "Operator"):
+            steps.append((e["ts"], e["ts"] + (e.get("dur") or 0), int(m.group(1))))
+    launches = {}
+    for e in trace.events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime") and corr is not None:
+            launches.setdefault(corr, e["ts"])
+    out: dict[int, tuple[int, int]] = {}
+    for k in trace.kernels():
+        t = launches.get(k.args.get("correlation"), k.start)
+        for start, end, number in steps:
+            if start <= t < end:
+                n, c = out.get(number, (0, 0))
+                out[number] = (n + 1, c + ours_is_comm(k.name))
+                break
+    return out
+
+
 # ---- the MANIFEST table -------------------------------------------------------------------------------------
 
 

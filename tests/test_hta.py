@@ -146,6 +146,35 @@ def test_hta_equals_ours_or_the_difference_is_explained(hta_default, hta_aligned
         assert "last_step_filter" in causes
 
 
+def test_each_hta_switch_alone_matches_its_rule(folders, hta_default):
+    """On jobs with fractional timestamps (both HTA rules matter), HTA with one switch flipped equals the reference
+    with only the other rule on."""
+    jobs = [row for row in ROWS if any(R.has_float_ts(raw(p)) for p in job_files(row))]
+    assert jobs, "no real trace with fractional timestamps"
+    selected = {row.path: folders[row.path] for row in jobs}
+    rounding_only = run_hta(selected, include_last_step=True, ns_rounding=True)
+    filter_only = run_hta(selected, include_last_step=False, ns_rounding=False)
+    for row in jobs:
+        for path in job_files(row):
+            rules = {r: False for r in R.ALL_HTA_RULES}
+            assert hta_pct(rounding_only, row, path) == pytest.approx(
+                emulate(row, path, **{**rules, "ns_rounding": True}), abs=TOL)
+            assert hta_pct(filter_only, row, path) == pytest.approx(
+                emulate(row, path, **{**rules, "last_step_filter": True}), abs=TOL)
+            assert hta_pct(filter_only, row, path) != pytest.approx(hta_pct(hta_default, row, path), abs=TOL)
+
+
+@pytest.mark.parametrize(("row", "path"), RANKS, ids=IDS)
+def test_the_step_hta_drops_is_complete(row, path):
+    """Where HTA drops the last step, that step has as many kernels and NCCL kernels as every other step: nothing
+    was cut off, HTA's filter only discards data."""
+    per_step = R.kernels_per_step(raw(path))
+    if job_step_names(row) < 2:
+        assert len(per_step) <= 1
+        return
+    assert len(set(per_step.values())) == 1, per_step
+
+
 def _kernel_rows(analysis, rank: int):
     df = analysis.t.traces[rank]
     names = analysis.t.symbol_table.sym_table

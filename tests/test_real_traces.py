@@ -160,6 +160,14 @@ def test_per_collective_counts_and_times(row, path):
         assert colls[kind]["time_us"] == pytest.approx(time_us, abs=1e-3)
 
 
+@pytest.mark.parametrize(("row", "path"), MANIFEST_FILES, ids=[_id(p) for _, p in MANIFEST_FILES])
+def test_per_step_communication_counts(row, path):
+    """Each ProfilerStep's communication kernels (assigned by their launch) are those the reference assigns."""
+    rank = ours(path)
+    ref = R.kernels_per_step(raw(path))
+    assert {s["step"]: s["collectives"]["all"]["count"] for s in rank["steps"]} == {n: c for n, (_, c) in ref.items()}
+
+
 def test_collective_kinds_of_each_set():
     """dlrm: SendRecv + AllReduce (from kernel names); nccl_data: AllReduce + Broadcast (from `Collective name`)."""
     for path in R.files_of(TRACES, "dlrm-8rank-v100"):
