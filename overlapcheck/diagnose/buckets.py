@@ -72,8 +72,11 @@ def last_bucket_fraction(view: RankView, mask: np.ndarray, bucket_elems: int, el
 
 
 def recommended_bucket(params: int | None) -> int:
-    """At least ~8 buckets per step, never above the size that works for billion-parameter models."""
-    return RECOMMENDED_BUCKET if params is None else min(RECOMMENDED_BUCKET, round_size(params / 8))
+    """5e7 elements (the ZeRO-3 examples' size; several buckets per step from 2e8 parameters up), else a quarter
+    of a smaller model so that at least four buckets overlap backward."""
+    if params is None or params >= 4 * RECOMMENDED_BUCKET:
+        return RECOMMENDED_BUCKET
+    return round_size(params / 4)
 
 
 @rank_rule

@@ -93,6 +93,11 @@ class RankView:
         return iv.union(self.gpu.start[self.is_compute], self.gpu.end[self.is_compute])
 
     @cached_property
+    def all_gathers(self) -> iv.Intervals:
+        sel = self.is_comm & (self.gpu.coll == C.COLLECTIVES.index("all_gather"))
+        return iv.union(self.gpu.start[sel], self.gpu.end[sel])
+
+    @cached_property
     def compute_stream_busy(self) -> iv.Intervals:
         """P plus everything on the compute stream: time the compute stream could not have used anyway."""
         on_stream = self.gpu.stream == self.compute_stream

@@ -45,8 +45,9 @@ def collective_signature(view: RankView) -> list[dict[str, Any]]:
 
 @cross_rule
 def straggler(report: dict[str, Any], config: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The rank that is last to arrive at most collectives; its cost is the median, over the other ranks, of
-    the exposed time they spend waiting for it per step."""
+    """The rank that is last to arrive at most collectives. Its cost is the compute time per step it needs beyond
+    the median rank (everyone waits that long for it); without per-step compute, the median over the other
+    ranks of the exposed time they spend waiting for it."""
     from overlapcheck.diagnose.finding import finding
 
     sigs = {r["rank"]: s for r in report.get("ranks") or [] for s in r.get("_findings") or []
@@ -78,7 +79,8 @@ def straggler(report: dict[str, Any], config: dict[str, Any] | None) -> list[dic
     if count < LATEST_SHARE * informative:
         return []
     others = [wait[r] / sigs[r]["steps"] for r in ranks if r != rank]
-    cost = statistics.median(others)
+    extra = _extra_compute(report, rank)
+    cost = extra if extra is not None and extra > 0 else statistics.median(others)
     host = next((r.get("host") for r in report["ranks"] if r["rank"] == rank), None)
     evidence = {
         "rank": rank,
@@ -96,3 +98,15 @@ def straggler(report: dict[str, Any], config: dict[str, Any] | None) -> list[dic
                     f"rank {rank} arrives last at {count} of {informative} collectives; the other ranks spend the "
                     "difference waiting inside their NCCL kernels. Check that GPU's clocks, thermals, power and "
                     "host load", cost, [rank], [], evidence, {})]  # fmt: skip
+
+
+def _extra_compute(report: dict[str, Any], rank: int) -> float | None:
+    """Compute per step of `rank` minus the median over the other ranks (None without per-step numbers)."""
+    per_rank = {}
+    for r in report.get("ranks") or []:
+        steps = r.get("steps") or []
+        if steps:
+            per_rank[r["rank"]] = sum(s["compute_us"] for s in steps) / len(steps)
+    if rank not in per_rank or len(per_rank) < 2:
+        return None
+    return per_rank[rank] - statistics.median(v for r, v in per_rank.items() if r != rank)

@@ -1,12 +1,11 @@
 """Host-blocking synchronizations and what they cost.
 
 A host sync (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, a synchronous or pageable
-memcpy, `.item()`) stops the launching thread until the GPU catches up; once the queue drains, compute idles
-until the thread launches again. Its cost is the compute idle time from the
-later of the sync's start and the end of the compute stream's queued work to the start of the first activity
-launched on the compute stream after the sync, when that activity waited for nothing but its launch. Each sync
-is owned by the first rule below whose call stack matches; windows of one rule are merged so back-to-back syncs
-are not counted twice.
+memcpy, `.item()`) stops the launching thread until the GPU catches up. It costs something only when the compute
+stream then runs dry: a starvation window is a gap on the compute stream before an activity that started as soon
+as the host launched it. The calls that returned inside such a window delayed that launch; see `chain_costs` for
+how the window's idle time is shared among them. Each sync is owned by the first rule below whose call stack
+matches.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from overlapcheck.diagnose.callsite import functions
 from overlapcheck.diagnose.context import RankView
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
 from overlapcheck.diagnose.registry import SEVERITY_CAP, rank_rule
-from overlapcheck.diagnose.sizing import DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
+from overlapcheck.diagnose.sizing import AG, DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
 from overlapcheck.trace import classify as C
 
 SYNC_CALLS = {
@@ -132,90 +131,88 @@ OWNERS: list[tuple[str, Callable[[Sync], bool]]] = [
 SEVERITY_CAP["epilogue-sync"] = "info"  # the last bucket is always exposed; reduce-scatter-deferred owns big ones
 
 
-def starvation(view: RankView, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For host calls blocked in [starts, ends): the window in which they left the compute stream with nothing
-    to run. That is from the later of the call's start and the end of the compute stream's queued work, to the
-    start of the first activity launched on it after the call, when that activity started as soon as it was
-    launched (if it then waited for something else, the host was not what held it)."""
+@dataclass
+class Window:
+    """A stretch in which the compute stream had nothing to run because the host had not launched its next
+    activity yet: [queue end, start of that activity); `launch` is when the host launched it."""
+
+    start: float
+    end: float
+    launch: float
+
+
+def starvation_windows(view: RankView) -> list[Window]:
+    """Every gap on the compute stream before an activity that started as soon as it was launched."""
     g = view.gpu
     on_s = np.flatnonzero(g.stream == view.compute_stream)
-    empty = (starts.copy(), starts.copy())
-    if not len(on_s):
-        return empty
+    if len(on_s) < 2:
+        return []
     on_s = on_s[np.argsort(view.launch[on_s], kind="stable")]
     launch, start = view.launch[on_s], g.start[on_s]
-    queued_end = np.concatenate([[-np.inf], np.maximum.accumulate(g.end[on_s])])  # work launched before each
-    i = np.searchsorted(launch, ends, side="left")
-    ok = i < len(on_s)
-    lo, hi = starts.copy(), starts.copy()
-    j = i[ok]
-    starved = start[j] - launch[j] <= STARVED_LAUNCH_US
-    lo[ok] = np.maximum(starts[ok], queued_end[j])
-    hi[ok] = np.where(starved, np.maximum(start[j], lo[ok]), lo[ok])
-    return lo, hi
+    queued_end = np.maximum.accumulate(g.end[on_s])[:-1]  # end of the work launched before each activity
+    gap = start[1:] - queued_end
+    starved = (gap > 0) & (start[1:] - launch[1:] <= STARVED_LAUNCH_US)
+    rows = np.flatnonzero(starved)
+    return [Window(float(queued_end[r]), float(start[r + 1]), float(launch[r + 1])) for r in rows.tolist()]
 
 
-def claim(view: RankView, syncs: list[Sync]) -> dict[str, list[tuple[Sync, float, float]]]:
-    """rule -> [(sync, starvation window start, end)]: each sync goes to the first rule that matches it."""
+def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> np.ndarray:
+    """Cost of each sync. A window's blocking calls are those that returned after the queue ran dry and before
+    the launch that ended it. Removing one owner's calls lets the host launch earlier by their blocked time,
+    minus what the other owners' later calls would then wait longer (they wait for the same GPU work); the
+    window's compute idle bounds the gain. Each owner's share goes to its calls in proportion to blocked time."""
+    cost = np.zeros(len(syncs))
     if not syncs:
-        return {}
-    lo, hi = starvation(view, np.array([s.start for s in syncs]), np.array([s.end for s in syncs]))
-    out: dict[str, list[tuple[Sync, float, float]]] = {}
-    for s, a, b in zip(syncs, lo.tolist(), hi.tolist(), strict=True):
-        rule = next(rule for rule, match in OWNERS if match(s))
-        out.setdefault(rule, []).append((s, a, b))
-    return out
+        return cost
+    ends = np.array([s.end for s in syncs])
+    blocked = np.array([s.end - s.start for s in syncs])
+    busy = view.compute_stream_busy
+    hideable = _compute_per_gather(view)
+    for w in starvation_windows(view):
+        members = np.flatnonzero((ends > w.start - STARVED_LAUNCH_US) & (ends <= w.launch))
+        if not len(members):
+            continue
+        idle = float(view.idle(np.array([w.start]), np.array([w.end]), busy)[0])
+        gathering = iv.length(iv.clip(view.all_gathers, w.start, w.end))
+        idle -= max(0.0, gathering - hideable)  # compute needs its parameters: that part of the gather stays
+        members = members[np.argsort(ends[members])]
+        for owner in sorted({owners[m] for m in members.tolist()}):
+            mine = members[[owners[m] == owner for m in members.tolist()]]
+            later = members[(ends[members] > ends[mine[0]]) & np.array([owners[m] != owner for m in members])]
+            saved = min(idle, max(0.0, blocked[mine].sum() - blocked[later].sum()))
+            cost[mine] += saved * blocked[mine] / max(blocked[mine].sum(), 1e-9)
+    return cost
+
+
+def _compute_per_gather(view: RankView) -> float:
+    """Compute time per all-gather: how much of one all-gather prefetching could hide behind the compute of the
+    module before it (fetch_sub_module prefetches the next modules while the current one runs)."""
+    n = int((view.is_comm & (view.gpu.coll == AG)).sum())
+    return iv.length(view.compute) / n if n else 0.0
+
+
+def owner_of(s: Sync) -> str:
+    return next(rule for rule, match in OWNERS if match(s))
 
 
 @rank_rule
 def sync_findings(view: RankView) -> list[dict[str, Any]]:
     """One finding per sync rule (per call site for generic host syncs)."""
-    claimed = claim(view, host_syncs(view))
-    taken = iv.EMPTY
+    syncs = host_syncs(view)
+    rules = [owner_of(s) for s in syncs]
+    keys = [f"{s.call} @ {s.site.get('frame')}" if r == "host-sync" else "" for s, r in zip(syncs, rules, strict=True)]
+    owners = [f"{r}|{k}" for r, k in zip(rules, keys, strict=True)]
+    cost = chain_costs(view, syncs, owners)
     out = []
-    for rule, _ in OWNERS:
-        items = claimed.get(rule, [])
-        if not items:
-            continue
-        groups = _by_site(items) if rule == "host-sync" else {"": items}
-        for key, group in groups.items():
-            windows = iv.union(np.array([w[1] for w in group]), np.array([w[2] for w in group]))
-            cost, steps = _window_cost(view, windows, group, taken)
-            out.append(_describe(view, rule, key, group, cost, steps))
-            taken = iv.combine(taken, windows)
-    return [f for f in out if f is not None]
+    for owner in dict.fromkeys(owners):
+        idx = [i for i, o in enumerate(owners) if o == owner]
+        per_step, steps = view.per_step(cost[idx], np.array([syncs[i].start for i in idx]))
+        rule, key = owner.split("|", 1)
+        out.append(_describe(view, rule, key, [syncs[i] for i in idx], per_step, steps))
+    return out
 
 
-def _window_cost(view: RankView, windows: iv.Intervals, group: list[tuple[Sync, float, float]],
-                 taken: iv.Intervals) -> tuple[float, list[int]]:  # fmt: skip
-    """Per-step compute idle in the merged windows not already claimed, each window capped at the time the
-    host was blocked in it: without the sync the host would have launched the next kernel that much earlier.
-    Work on the compute stream itself (e.g. a collective there) counts as busy: the sync did not cause it."""
-    free = iv.subtract(windows, taken)
-    owner = np.searchsorted(windows.starts, free.starts, side="right") - 1
-    idle = np.bincount(
-        owner, weights=view.idle(free.starts, free.ends, view.compute_stream_busy), minlength=len(windows)
-    )
-    if not len(windows):
-        return 0.0, []
-    starts = np.array([g[1] for g in group])
-    blocked = np.array([g[0].end - g[0].start for g in group])
-    which = np.searchsorted(windows.starts, starts, side="right") - 1
-    inside = (which >= 0) & (starts < windows.ends[np.maximum(which, 0)])
-    cap = np.bincount(which[inside], weights=blocked[inside], minlength=len(windows))
-    return view.per_step(np.minimum(idle, cap), windows.starts)
-
-
-def _by_site(items: list[tuple[Sync, float, float]]) -> dict[str, list[tuple[Sync, float, float]]]:
-    groups: dict[str, list[tuple[Sync, float, float]]] = {}
-    for item in items:
-        groups.setdefault(f"{item[0].call} @ {item[0].site.get('frame')}", []).append(item)
-    return groups
-
-
-def _describe(view: RankView, rule: str, key: str, group: list[tuple[Sync, float, float]], cost: float,
-              steps: list[int]) -> dict[str, Any] | None:  # fmt: skip
-    syncs = [g[0] for g in group]
+def _describe(view: RankView, rule: str, key: str, syncs: list[Sync], cost: float, steps: list[int]) -> dict[str, Any]:
     calls = sorted({s.call for s in syncs})
     blocked = sum(s.end - s.start for s in syncs)
     evidence = {
