@@ -148,7 +148,7 @@ def test_64_rank_page_loads(driver, tmp_path):
     from selenium.webdriver.common.by import By
 
     report = make_report(64, overlaps=[0.6 + 0.004 * r for r in range(64)])
-    report["timelines"] = {str(r): make_timeline(seed=r, n_compute=6_000, n_comm=200) for r in range(64)}
+    report["timelines"] = {str(r): make_timeline(seed=r, n_compute=4_000, n_comm=200) for r in range(64)}
     path = tmp_path / "report64.html"
     path.write_text(render_html(report), encoding="utf-8")
     open_page(driver, path)

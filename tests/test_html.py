@@ -205,7 +205,7 @@ def test_timeline_is_capped_and_keeps_communication():
 
 def test_64_ranks_stay_light():
     report = make_report(64, overlaps=[0.7] * 64)
-    report["timelines"] = {str(r): make_timeline(seed=r, n_compute=8_000, n_comm=300) for r in range(64)}
+    report["timelines"] = {str(r): make_timeline(seed=r, n_compute=4_000, n_comm=300) for r in range(64)}
     start = time.perf_counter()
     html = render_html(report)
     elapsed = time.perf_counter() - start
