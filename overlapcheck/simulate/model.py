@@ -77,6 +77,7 @@ class RankStep:
         self.reduce_events: deque[Event] = deque()
         self.bucket: list[tuple[str, int]] = []
         self.step_no = 0
+        self.autograd_seq = 0
 
     # -- helpers ----------------------------------------------------------------------------
     def _numel(self, module: int) -> int:
@@ -246,7 +247,9 @@ class RankStep:
 
     def autograd(self, function: str):
         """The autograd engine running one backward function (its kernels launch inside)."""
-        return self.host.cpu_op(f"autograd::engine::evaluate_function: {function}", cost=3.0)
+        self.autograd_seq += 1
+        return self.host.cpu_op(f"autograd::engine::evaluate_function: {function}",
+                                {"Sequence number": self.autograd_seq, "Fwd thread id": 1}, cost=3.0)
 
     def backward_module(self, mod: int, order: list[int]) -> Step:
         host, m = self.host, self.m
