@@ -101,7 +101,7 @@ class CallSites:
                 useful = [f for f in frames if is_deepspeed(f) or is_user(f)]
                 site = next((f for f in frames if is_site(f)), useful[0] if useful else frames[0])
                 return {"frame": _short(site), "stack": [_short(f) for f in useful[:12]]}
-        ops = self.stack(thread, t, python=False)
+        ops = [op for op in self.stack(thread, t, python=False) if not op.startswith("ProfilerStep#")]
         return {"frame": " < ".join(ops[:3]) if ops else None, "stack": ops[:12]}
 
 

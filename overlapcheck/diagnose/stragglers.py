@@ -20,7 +20,8 @@ from overlapcheck.trace import classify as C
 
 SIGNATURE = "_collectives"
 LATEST_SHARE = 0.5  # the straggler arrives last at at least this share of the collectives
-MIN_SPREAD_US = 2.0  # collectives whose durations differ less than this across ranks say nothing
+MIN_SPREAD_US = 2.0
+OWN_WAIT_SHARE = 0.5  # the straggler itself waits at most half as long as the median other rank  # collectives whose durations differ less than this across ranks say nothing
 
 
 @rank_rule
@@ -76,9 +77,10 @@ def straggler(report: dict[str, Any], config: dict[str, Any] | None) -> list[dic
     if not informative:
         return []
     rank, count = latest.most_common(1)[0]
-    if count < LATEST_SHARE * informative:
-        return []
     others = [wait[r] / sigs[r]["steps"] for r in ranks if r != rank]
+    own = wait[rank] / sigs[rank]["steps"]
+    if count < LATEST_SHARE * informative or own > OWN_WAIT_SHARE * statistics.median(others):
+        return []
     extra = _extra_compute(report, rank)
     cost = extra if extra is not None and extra > 0 else statistics.median(others)
     host = next((r.get("host") for r in report["ranks"] if r["rank"] == rank), None)
