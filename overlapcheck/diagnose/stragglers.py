@@ -20,8 +20,8 @@ from overlapcheck.trace import classify as C
 
 SIGNATURE = "_collectives"
 LATEST_SHARE = 0.5  # the straggler arrives last at at least this share of the collectives
-MIN_SPREAD_US = 2.0
-OWN_WAIT_SHARE = 0.5  # the straggler itself waits at most half as long as the median other rank  # collectives whose durations differ less than this across ranks say nothing
+MIN_SPREAD_US = 2.0  # collectives whose durations differ less than this across ranks say nothing
+OWN_WAIT_SHARE = 0.5  # the straggler itself waits at most half as long as the median other rank
 
 
 @rank_rule

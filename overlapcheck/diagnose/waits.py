@@ -23,6 +23,7 @@ from overlapcheck.trace import classify as C
 STALL_MIN_US = 10.0  # shorter gaps are launch latency
 DEPENDENCY_TOLERANCE_US = 5.0  # how close the end of the awaited activity and the stalled start must be
 _CHAIN = 3  # how many abutting activities to walk back on the awaited stream to find the collective
+MIN_ON_DEMAND_PER_STEP = 2
 
 
 @dataclass
@@ -98,6 +99,13 @@ def on_demand(view: RankView, st: Stalls) -> np.ndarray:
     return out
 
 
+def not_prefetched(view: RankView, st: Stalls) -> np.ndarray:
+    """On-demand all-gather stalls, when there are enough per step to be a pattern: the first fetch of forward
+    and of backward has nothing before it to hide behind."""
+    mask = on_demand(view, st)
+    return mask if mask.sum() / view.n_steps >= MIN_ON_DEMAND_PER_STEP else np.zeros_like(mask)
+
+
 def rest(view: RankView, st: Stalls, claimed: np.ndarray) -> np.ndarray:
     """Each stall's cost minus what more specific rules claimed."""
     return np.maximum(st.cost - claimed, 0.0)
@@ -114,11 +122,11 @@ def allgather_not_prefetched(view: RankView) -> list[dict[str, Any]]:
     if no_concurrency(view):
         return []
     st = stalls(view)
-    mask = on_demand(view, st)
+    mask = not_prefetched(view, st)
+    if not mask.any():
+        return []
     costs = rest(view, st, claimed_by_specific(view, st))[mask]
     per_step = mask.sum() / view.n_steps
-    if per_step < 2:  # the first fetch of forward and of backward has nothing to hide behind
-        return []
     cost, steps = view.per_step(costs, view.launch[st.kernel[mask]])
     prefetch = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
     if prefetch is not None and prefetch <= 0:
@@ -148,7 +156,7 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
         return []
     st = stalls(view)
     left = rest(view, st, claimed_by_specific(view, st))
-    left[on_demand(view, st)] = 0.0
+    left[not_prefetched(view, st)] = 0.0
     g = view.gpu
     out = []
     kinds = np.where(st.comm >= 0, g.coll[np.maximum(st.comm, 0)], -1)
