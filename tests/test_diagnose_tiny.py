@@ -149,20 +149,20 @@ def test_frames_classified_as_deepspeed_user_or_library() -> None:
 
 
 def test_shared_communicator_and_serialized_all_gather(tmp_path: Path) -> None:
-    # an all-gather launched at 0 waits on the shared communicator until the reduce-scatter ends at 300; compute
-    # on stream 7 waits for the all-gather (stream wait) and idles from 100 to 500
+    # an all-gather prefetched at -1 waits on the shared communicator until the reduce-scatter ends at 300;
+    # compute on stream 7 waits for the all-gather (stream wait) and idles from 100 to 500
     pg = {"Process Group Name": "2", "In msg nelems": 10, "dtype": "BFloat16"}
     events = [step(1, 0, 1000), launch(0, 1), kernel(GEMM, 0, 100, corr=1),
-              launch(1, 2), kernel(RS, 50, 250, stream=25, corr=2, **{"Collective name": "_reduce_scatter_base", **pg}),
-              launch(2, 3), kernel(AG, 300, 200, stream=29, corr=3, **{"Collective name": "_allgather_base", **pg}),
+              launch(-2, 2), kernel(RS, 50, 250, stream=25, corr=2, **{"Collective name": "_reduce_scatter_base", **pg}),
+              launch(-1, 3), kernel(AG, 300, 200, stream=29, corr=3, **{"Collective name": "_allgather_base", **pg}),
               launch(3, 4), kernel(GEMM, 500, 100, corr=4)]  # fmt: skip
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     found = rules(diagnose(tmp_path, {"_overlapcheck_job": {"gpus_per_node": 8}}))
     f = found["same-communicator"]
     assert f["evidence"]["process_group"] == "2"
-    assert f["cost_us"] == 298.0  # the all-gather was ready at 2 and waited until 300 (within the 400 µs stall)
+    assert f["cost_us"] == 301.0  # the all-gather was ready at -1 and waited until 300 (within the 400 µs stall)
     assert f["fix"] == {"config": {"zero_optimization.zero_hpz_partition_size": 8}}
-    assert found["cross-stream-wait"]["cost_us"] == 102.0  # the rest of the stall: the all-gather itself
+    assert found["cross-stream-wait"]["cost_us"] == 99.0  # the rest of the stall: the all-gather itself
 
 
 def test_streams_that_never_overlap_point_to_max_connections(tmp_path: Path) -> None:

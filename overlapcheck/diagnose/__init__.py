@@ -57,8 +57,10 @@ def merge_findings(report: dict[str, Any], config: dict[str, Any] | None) -> tup
     step_us = _mean([r["step_time_us"] / max(1, len(r.get("steps") or [])) for r in ranks if r.get("step_time_us")])
     for f in merged:
         f.pop("_key", None)
-        if f.get("severity") is None or f["rule"] in registry.SEVERITY_CAP:
-            f["severity"] = severity_of(f["cost_us"], step_us, registry.SEVERITY_CAP.get(f["rule"]))
+        if f.get("severity") is None or f["rule"] in registry.SEVERITY_CAP or f["rule"] in registry.SEVERITY_SHARES:
+            shares = registry.SEVERITY_SHARES.get(f["rule"])
+            f["severity"] = severity_of(f["cost_us"], step_us, registry.SEVERITY_CAP.get(f["rule"]),
+                                        *([shares] if shares else []))  # fmt: skip
     merged.sort(key=lambda f: (-f["cost_us"], f["rule"]))
     return merged, _explained(ranks, merged)
 

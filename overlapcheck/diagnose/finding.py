@@ -39,10 +39,12 @@ def finding(rule: str, title: str, why: str, cost_us: float, ranks: list[int], s
     }
 
 
-def severity_of(cost_us: float, step_us: float, cap: str | None = None) -> str:
-    """critical / warning / info from the share of the step a finding costs, never above `cap`."""
+def severity_of(cost_us: float, step_us: float, cap: str | None = None,
+                shares: tuple[float, float] = (CRITICAL_SHARE, WARNING_SHARE)) -> str:  # fmt: skip
+    """critical / warning / info from the share of the step a finding costs (thresholds `shares`), never above
+    `cap`."""
     share = cost_us / step_us if step_us > 0 else 0.0
-    level = "critical" if share >= CRITICAL_SHARE else "warning" if share >= WARNING_SHARE else "info"
+    level = "critical" if share >= shares[0] else "warning" if share >= shares[1] else "info"
     if cap is not None and SEVERITIES.index(cap) > SEVERITIES.index(level):
         return cap
     return level

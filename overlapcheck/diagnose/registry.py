@@ -17,12 +17,17 @@ CROSS_RULES: list[CrossRule] = []
 # rule id -> highest severity it may get (None: from its cost)
 SEVERITY_CAP: dict[str, str] = {}
 
+# rule id -> (critical, warning) cost shares of the step, for rules whose cost is partly inherent: ZeRO-3 always
+# waits for the first all-gather of a pass, and prefetched gathers slower than the compute they hide behind
+SEVERITY_SHARES: dict[str, tuple[float, float]] = {"cross-stream-wait": (0.15, 0.05)}
+
 # rule id -> rules whose cost on the same rank it already explains (subtracted from theirs): the epilogue sync
 # waits for exactly the reduce-scatters that the bucket and stream rules explain
 CLAIMS: dict[str, tuple[str, ...]] = {
     "reduce-scatter-deferred": ("epilogue-sync",),
     "overlap-comm-disabled": ("epilogue-sync",),
     "no-stream-concurrency": ("epilogue-sync",),
+    "same-communicator": ("epilogue-sync",),
 }
 
 

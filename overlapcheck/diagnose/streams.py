@@ -69,24 +69,63 @@ def shared_communicator(view: RankView) -> str | None:
     return view.names[both[0]] if both else None
 
 
+def reduce_scatter_tail_delay(view: RankView, pg: str) -> float:
+    """Per step: end of the last reduce-scatter minus its end when its stream is replayed without the waits
+    behind all-gathers of the same communicator (other activities keep any wait that was not their stream)."""
+    g = view.gpu
+    pg_index = view.model.name_index(pg)
+    rs = view.is_comm & (g.coll == RS) & (g.pg == pg_index)
+    total = 0.0
+    for stream in np.unique(g.stream[rs]).tolist():
+        rows = np.flatnonzero(g.stream == stream)
+        rows = rows[np.argsort(g.start[rows], kind="stable")]
+        ag_ends = np.sort(g.end[view.is_comm & (g.coll == AG) & (g.pg == pg_index)])
+        prev_obs, prev_new = -np.inf, -np.inf
+        gain: dict[int, float] = {}
+        for r in rows.tolist():
+            start = float(g.start[r])
+            behind_ag = rs[r] and _ends_at(ag_ends, start)
+            held_elsewhere = start > prev_obs + DEPENDENCY_TOLERANCE_US and not behind_ag
+            ready = start if held_elsewhere else float(view.launch[r])
+            new_start = max(ready, prev_new)
+            prev_obs, prev_new = float(g.end[r]), new_start + float(g.end[r] - g.start[r])
+            if rs[r]:
+                gain[int(view.gpu_step[r])] = float(g.end[r]) - prev_new  # the step's last one wins
+        total += sum(max(0.0, v) for k, v in gain.items() if k >= 0 or not len(view.model.steps))
+    return total / view.n_steps
+
+
+def _ends_at(sorted_ends: np.ndarray, t: float) -> bool:
+    i = np.searchsorted(sorted_ends, t)
+    near = [sorted_ends[j] for j in (i - 1, i) if 0 <= j < len(sorted_ends)]
+    return any(abs(e - t) <= DEPENDENCY_TOLERANCE_US for e in near)
+
+
 @rank_rule
 def same_communicator(view: RankView) -> list[dict[str, Any]]:
     """NCCL serializes all kernels of one communicator through comm->sharedRes->deviceStream (NVIDIA/nccl
     src/enqueue.cc), whatever user streams they are launched on. ZeRO-3 normally all-gathers on the world group
     (partition_parameters.py zero.Init) and reduce-scatters on groups._clone_world_group(); with a Megatron mpu
-    both use mpu.get_data_parallel_group(), one communicator, so an all-gather queues behind a reduce-scatter."""
+    both use mpu.get_data_parallel_group(), one communicator, so an all-gather queues behind a reduce-scatter.
+    Cost: compute stalls on all-gathers that queued behind a reduce-scatter, plus how much later the step's last
+    reduce-scatter (which the backward epilogue waits for) ends because reduce-scatters queued behind
+    all-gathers."""
     pg = shared_communicator(view)
     if pg is None or no_concurrency(view):
         return []
     st = stalls(view)
     delays = claimed_by_specific(view, st)
-    cost, steps = view.per_step(delays, view.launch[st.kernel]) if len(delays) else (0.0, view.step_numbers)
+    stall_cost, steps = view.per_step(delays, view.launch[st.kernel]) if len(delays) else (0.0, [])
+    tail = reduce_scatter_tail_delay(view, pg)
+    cost = stall_cost + tail
     job = (view.config or {}).get("_overlapcheck_job") or {}
     per_node = job.get("gpus_per_node") if isinstance(job, dict) else None
     settings = {"zero_optimization.zero_hpz_partition_size": int(per_node)} if per_node and per_node > 1 else {}
     evidence = {
         "process_group": pg,
         "delayed_all_gathers_per_step": round(float((delays > 0).sum()) / view.n_steps, 2),
+        "compute_stall_us_per_step": round(stall_cost, 3),
+        "reduce_scatter_tail_delay_us_per_step": round(tail, 3),
         "hpz_partition_size": config_value(view.config, "zero_optimization.zero_hpz_partition_size"),
     }
     return [finding("same-communicator", f"All-gather and reduce-scatter share communicator {pg!r}",

@@ -156,7 +156,7 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
         return []
     st = stalls(view)
     left = rest(view, st, claimed_by_specific(view, st))
-    left[not_prefetched(view, st)] = 0.0
+    left[on_demand(view, st)] = 0.0  # not prefetched: a pattern, or the first fetch of a pass (inherent)
     g = view.gpu
     out = []
     kinds = np.where(st.comm >= 0, g.coll[np.maximum(st.comm, 0)], -1)
