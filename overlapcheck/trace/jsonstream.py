@@ -34,7 +34,7 @@ _OPEN[ord("}")] = _OPEN[ord("]")] = -1
 _KEY_BEFORE = re.compile(rb'"traceEvents"\s*:\s*$')
 _QUOTE, _BACKSLASH = 34, 92
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
-_LEADING = re.compile(rb"\s*,?")  # what precedes the first event of a run
+_LEADING = re.compile(rb"\s*(,?)")  # what precedes the first event of a run: a comma after an earlier event
 
 
 @functools.cache
@@ -117,6 +117,7 @@ class TraceStream:
         self.progress = progress
         self.metadata: dict[str, Any] = {}
         self.bare_list = False
+        self._continued = False  # an earlier run of events was decoded: the next one starts with a comma
 
     def batches(self) -> Iterator[list]:
         path = self.path
@@ -198,13 +199,16 @@ class TraceStream:
             return None, buf
         cut = last.start() + 1
         body = bytearray(b"[")
-        first = _LEADING.match(buf).end()  # type: ignore[union-attr] - always matches
-        body += memoryview(buf)[first:cut]
+        lead = _LEADING.match(buf)
+        if lead is None or bool(lead.group(1)) != self._continued:
+            return None, buf
+        body += memoryview(buf)[lead.end() : cut]
         body += b"]"
         try:
             events = self.decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None, buf
+        self._continued = True
         return events, buf[cut:]
 
     def _find_array(self, header: bytes) -> tuple[int, int] | None:
@@ -248,14 +252,14 @@ class TraceStream:
         if not len(ends):
             return b"", buf, None
         last = int(ends[-1]) + 1
-        body = buf[:last].strip()
-        if body.startswith(b","):
-            body = body[1:]
-        return body, buf[last:], None
+        return buf[:last].strip(), buf[last:], None
 
     def _decode(self, body: bytes) -> list:
         if body.startswith(b","):
             body = body[1:]
+        elif self._continued:
+            raise UserError("malformed JSON: no ',' between two events", self.path)
+        self._continued = True
         try:
             return self.decoder.decode(b"[" + body + b"]")
         except msgspec.ValidationError as exc:
