@@ -215,6 +215,8 @@ def test_torch18_resnet_trace_reads():
     assert rank["memcpy"]["count"] == sum(e.get("cat") == "Memcpy" for e in trace.events)
     assert rank["memset"]["count"] == sum(e.get("cat") == "Memset" for e in trace.events)
     assert any("torch 1.8" in n for n in rank["notes"])
+    gpu = [e for e in trace.events if e.get("cat") in ("Kernel", "Memcpy", "Memset")]
+    assert {s["stream"] for s in rank["streams"]} == {e["args"]["stream"] for e in gpu}
 
 
 @pytest.mark.parametrize("name", ["triton_example", "gaunernst_bert-small-uncased"])
