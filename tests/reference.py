@@ -175,31 +175,27 @@ _KIND_OF_TOKEN = {
 }  # fmt: skip
 
 
+def collective_kind(k: Kernel) -> str:
+    """A communication kernel's collective: its `Collective name` arg when present, else the kernel name token
+    (`ncclKernel_AllReduce_...`, `ncclDevKernel_SendRecv...`); `other` when neither names a known one."""
+    token = str(k.args.get("Collective name") or "")
+    if not token:
+        m = re.search(r"Kernel_([A-Za-z]+?)(?:_|\(|$)", k.name)
+        token = m.group(1) if m else ""
+    return _KIND_OF_TOKEN.get(token.lower().strip("_"), "other")
+
+
 def collective_counts(trace: Trace) -> Counter[str]:
-    """Communication kernels per collective: the `Collective name` arg when present, else the kernel name token
-    (`ncclKernel_AllReduce_...`, `ncclDevKernel_SendRecv...`)."""
-    counts: Counter[str] = Counter()
-    for k in trace.kernels():
-        if not ours_is_comm(k.name):
-            continue
-        token = str(k.args.get("Collective name") or "")
-        if not token:
-            m = re.search(r"Kernel_([A-Za-z]+?)(?:_|\(|$)", k.name)
-            token = m.group(1) if m else ""
-        counts[_KIND_OF_TOKEN.get(token.lower().strip("_"), "other")] += 1
-    return counts
+    """Communication kernels per collective kind."""
+    return Counter(collective_kind(k) for k in trace.kernels() if ours_is_comm(k.name))
 
 
 def collective_times(trace: Trace) -> dict[str, float]:
-    """|∪ kernels| per collective kind (same attribution as `collective_counts`)."""
+    """|∪ kernels| per collective kind."""
     by_kind: dict[str, list[Interval]] = {}
     for k in trace.kernels():
         if ours_is_comm(k.name):
-            token = str(k.args.get("Collective name") or "")
-            if not token:
-                m = re.search(r"Kernel_([A-Za-z]+?)(?:_|\(|$)", k.name)
-                token = m.group(1) if m else ""
-            by_kind.setdefault(_KIND_OF_TOKEN.get(token.lower().strip("_"), "other"), []).append((k.start, k.end))
+            by_kind.setdefault(collective_kind(k), []).append((k.start, k.end))
     return {kind: union_length(ivs) for kind, ivs in by_kind.items()}
 
 
