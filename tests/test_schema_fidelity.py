@@ -78,8 +78,8 @@ def real(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
 def ours(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """A new-torch set (torch 2.13, NCCL 2.27, H100) and an old one (seed-5201: torch 1.13, A100)."""
     root = tmp_path_factory.mktemp("fidelity")
-    generate("reduce-throttle+throughput-timer", root / "new", nodes=2, gpus_per_node=2)
-    generate("seed-5201+offload-sync", root / "old", nodes=2, gpus_per_node=2, deepspeed_version="0.13.3")
+    generate("reduce-throttle+throughput-timer", root / "new", costs=False, nodes=2, gpus_per_node=2)
+    generate("seed-5201+offload-sync", root / "old", costs=False, nodes=2, gpus_per_node=2, deepspeed_version="0.13.3")
     return {"new": load(root / "new" / "rank1.trace.json.gz"), "old": load(root / "old" / "rank2.trace.json.gz")}
 
 

@@ -86,7 +86,7 @@ def test_compare_finds_a_difference() -> None:
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if n != "seed-5201"])
 def test_analyze_reproduces_truth(tmp_path: Path, name: str) -> None:
-    generate(name, tmp_path, nodes=2, gpus_per_node=2)
+    generate(name, tmp_path, costs=False, nodes=2, gpus_per_node=2)
     report = analysis.analyze_paths([str(tmp_path)], jobs=1)
     assert report["errors"] == []
     truth = json.loads((tmp_path / "truth.json").read_text())
@@ -95,7 +95,7 @@ def test_analyze_reproduces_truth(tmp_path: Path, name: str) -> None:
 
 
 def test_analyze_reproduces_truth_on_combined_scenario_and_old_torch(tmp_path: Path) -> None:
-    generate("seed-5201+straggler+comms-logger", tmp_path, nodes=2, gpus_per_node=2)
+    generate("seed-5201+straggler+comms-logger", tmp_path, costs=False, nodes=2, gpus_per_node=2)
     report = analysis.analyze_paths([str(tmp_path)], jobs=1)
     assert compare(json.loads((tmp_path / "truth.json").read_text()), report) == []
 
@@ -103,7 +103,7 @@ def test_analyze_reproduces_truth_on_combined_scenario_and_old_torch(tmp_path: P
 def test_analyze_cli_json_reproduces_truth(tmp_path: Path) -> None:
     from overlapcheck.cli import main
 
-    generate("same-communicator", tmp_path / "set", nodes=1, gpus_per_node=2)
+    generate("same-communicator", tmp_path / "set", costs=False, nodes=1, gpus_per_node=2)
     result = CliRunner().invoke(main, ["analyze", str(tmp_path / "set"), "--format", "json"])
     assert result.exit_code in (0, 1), result.output  # a gate-style exit code may flag findings
     report = json.loads(result.output[result.output.index("{"):])

@@ -8,7 +8,7 @@ from typing import Any
 
 from overlapcheck.errors import UserError
 from overlapcheck.simulate.config import SimConfig
-from overlapcheck.simulate.scenarios import CAUSES, build_config
+from overlapcheck.simulate.scenarios import CAUSES, INHERENT, build_config
 from overlapcheck.simulate.sim import BASE_TIME_NS, TS_ORIGIN_US, simulate
 from overlapcheck.simulate.truth import mean_step_time, set_truth
 from overlapcheck.simulate.writer import write_json, write_trace
@@ -22,20 +22,24 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.trace.json.gz"
 
 
-def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float) -> list[dict[str, Any]]:
-    """Each planted cause with its per-step cost: this job minus the same job without the effect."""
+def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float, measure: bool = True
+                ) -> list[dict[str, Any]]:  # fmt: skip
+    """Each cause with its per-step cost: this job minus the same job without the effect (None when
+    `measure` is off, which skips the counterfactual simulations)."""
     out = []
     for rule in causes:
         cause = CAUSES[rule]
-        without = cfg.with_overrides(cause.counterfactual(cfg))
-        step_us = mean_step_time(set_truth(simulate(without), [""] * without.world_size))
-        out.append({"rule": rule, "cost_us": round(base_step_us - step_us, 3), "fix": cause.fix(cfg),
-                    "ranks": cause.ranks(cfg), "step_time_without_us": round(step_us, 3)})
-    return sorted(out, key=lambda c: -c["cost_us"])
+        step_us = None
+        if measure:
+            without = cfg.with_overrides(cause.counterfactual(cfg))
+            step_us = round(mean_step_time(set_truth(simulate(without), [""] * without.world_size)), 3)
+        out.append({"rule": rule, "cost_us": None if step_us is None else round(base_step_us - step_us, 3),
+                    "fix": cause.fix(cfg), "ranks": cause.ranks(cfg), "step_time_without_us": step_us})
+    return sorted(out, key=lambda c: -(c["cost_us"] or 0.0))
 
 
-def truth_document(cfg: SimConfig, causes: list[str]) -> tuple[Any, dict[str, Any]]:
-    """Simulate `cfg`; return the result and its truth.json document."""
+def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Simulate `cfg`; return the result and its truth.json document (`costs`: run the counterfactuals)."""
     result = simulate(cfg)
     ranks = set_truth(result, [trace_name(r) for r in range(cfg.world_size)])
     step_us = mean_step_time(ranks)
@@ -48,7 +52,8 @@ def truth_document(cfg: SimConfig, causes: list[str]) -> tuple[Any, dict[str, An
         "time_base": {"baseTimeNanoseconds": BASE_TIME_NS, "ts_origin_us": TS_ORIGIN_US,
                       "clock_offset_us": list(cfg.clock_offset_us)},
         "step_time_us": round(step_us, 3),
-        "causes": cause_costs(cfg, causes, step_us),
+        "causes": cause_costs(cfg, causes, step_us, costs),
+        "inherent": cause_costs(cfg, [r for r in INHERENT if r not in causes], step_us, costs),
         "ranks": ranks,
     }
     return result, doc
@@ -66,7 +71,7 @@ def ds_config_document(cfg: SimConfig) -> dict[str, Any]:
     return doc
 
 
-def generate(scenario: str, out: Path, force: bool = False, **options: Any) -> dict[str, Any]:
+def generate(scenario: str, out: Path, force: bool = False, costs: bool = True, **options: Any) -> dict[str, Any]:
     """Write the trace set of `scenario` into `out`; returns the truth document."""
     cfg, causes = build_config(scenario, **options)
     if out.exists() and not out.is_dir():
@@ -77,7 +82,7 @@ def generate(scenario: str, out: Path, force: bool = False, **options: Any) -> d
     if force:
         for old in out.glob("rank*.trace.json.gz"):
             old.unlink()
-    result, truth = truth_document(cfg, causes)
+    result, truth = truth_document(cfg, causes, costs)
     for run in result.ranks:
         write_trace(cfg, run, out / trace_name(run.rank))
     write_json(out / "ds_config.json", ds_config_document(cfg))

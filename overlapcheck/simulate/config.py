@@ -78,6 +78,7 @@ class SimConfig:
     # DeepSpeed behaviours that counterfactuals switch off
     reduce_event_throttle: bool = True
     fetch_event_throttle: bool = True
+    epilogue_sync: bool = True  # reduce_and_partition_stream.synchronize() at the end of backward
     comms_logger: bool = False
     throughput_timer_sync: bool = False
     # environment and hardware effects

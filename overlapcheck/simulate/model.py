@@ -303,7 +303,10 @@ class RankStep:
             host.spend(20.0, "backward-end")
         with host.frames(*self.fr.backward(), *self.fr.epilogue()):
             yield from self.flush()
-            yield from host.synchronize_stream(self.reduce_stream)
+            if self.cfg.epilogue_sync:
+                yield from host.synchronize_stream(self.reduce_stream)
+            else:  # counterfactual: a device-side dependency instead of a host-blocking sync
+                host.wait_stream(COMPUTE, self.reduce_stream)
 
     def optimizer_step(self) -> Step:
         host, cfg = self.host, self.cfg

@@ -98,10 +98,15 @@ CAUSES: dict[str, Cause] = {
     "reduce-event-throttle": Cause(
         lambda cfg: {"reduce_event_throttle": False},
         lambda cfg: {"config": {"zero_optimization.reduce_bucket_size": cfg.reduce_bucket_size * 5}}),
+    "epilogue-sync": Cause(lambda cfg: {"epilogue_sync": False}, lambda cfg: {}),
+    "fetch-throttle": Cause(lambda cfg: {"fetch_event_throttle": False}, lambda cfg: {}),
     "allgather-not-prefetched": Cause(
         lambda cfg: {"prefetch_bucket_size": 50_000_000},
         lambda cfg: {"config": {"zero_optimization.stage3_prefetch_bucket_size": 50_000_000}}),
 }
+
+# DeepSpeed behaviours present in every simulated job; truth.json measures them the same way ("inherent")
+INHERENT = ("epilogue-sync", "reduce-event-throttle", "fetch-throttle")
 
 NCCL_FOR_TORCH = [("2.8", "2.27.3"), ("2.7", "2.26.2"), ("2.5", "2.21.5"), ("2.3", "2.20.5"), ("2.2", "2.19.3"),
                   ("2.1", "2.18.1"), ("0", "2.14.3")]
