@@ -161,7 +161,7 @@
     for (var t = Math.ceil(v0 / step) * step; t <= v1; t += step) {
       var x = xOf(t);
       ctx.beginPath(); ctx.moveTo(x + 0.5, AXIS - 4); ctx.lineTo(x + 0.5, height); ctx.stroke();
-      if (x > GUTTER + 20 && x < width - 28) ctx.fillText(fmtTick(t, step), x, AXIS / 2);
+      if (x >= GUTTER - 1 && x < width - 28) ctx.fillText(fmtTick(t, step), x, AXIS / 2);
     }
     ctx.textAlign = 'left';
     ctx.save();
