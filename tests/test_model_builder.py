@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 from typing import Any
@@ -111,3 +112,39 @@ def test_fast_builder_matches_plain_rules_on_a_simulated_job(tmp_path, monkeypat
     monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
     for path in sorted(glob.glob(str(tmp_path / "rank*.trace.json*"))):
         assert_same_model(build(path, ModelBuilder), build(path, PlainBuilder))
+
+
+@pytest.mark.parametrize("path", TRACES[::3], ids=lambda p: os.path.relpath(p, "/work/shared/traces"))
+def test_parallel_reader_builds_the_same_model(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several processes, many runs each: the merged model is the one a single builder makes."""
+    from overlapcheck.trace.fastpath import load_parallel
+    from overlapcheck.trace.reader import load_trace
+
+    monkeypatch.setattr(jsonstream, "CHUNK", 128 << 10)
+    assert_same_model(load_parallel(path, workers=2), load_trace(path))
+
+
+def test_parallel_reader_survives_a_wrong_guess(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run ends at a `},{` inside a nested value: workers fail to decode, the plain reader takes over."""
+    from overlapcheck.trace.fastpath import load_parallel
+    from overlapcheck.trace.reader import load_trace
+
+    ev = {"ph": "X", "cat": "cpu_op", "name": "op", "ts": 1, "dur": 1, "args": {"x": [{"a": 1}, {"b": 2}]}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [dict(ev, ts=i) for i in range(300)]}, separators=(",", ":")))
+    monkeypatch.setattr(jsonstream, "CHUNK", 1000)
+    monkeypatch.setattr(jsonstream, "TAIL", 30)
+    model = load_parallel(str(path), workers=2)
+    assert len(model.ops) == 300
+    assert_same_model(model, load_trace(str(path)))
+
+
+def test_parallel_reader_reports_malformed_input_like_the_plain_one(tmp_path, monkeypatch) -> None:
+    from overlapcheck.errors import UserError
+    from overlapcheck.trace.fastpath import load_parallel
+
+    path = tmp_path / "bad.json"
+    path.write_bytes(b'{"traceEvents": [' + b'{"ph": "X", "name": "a"},' * 200 + b'{"ph": "X", "ts": "x"}]}')
+    monkeypatch.setattr(jsonstream, "CHUNK", 500)
+    with pytest.raises(UserError, match="unexpected event field type"):
+        load_parallel(str(path), workers=2)

@@ -120,6 +120,18 @@ class TraceStream:
         self._continued = False  # an earlier run of events was decoded: the next one starts with a comma
 
     def batches(self) -> Iterator[list]:
+        """The events, decoded, in runs of whole events (about a chunk each)."""
+        return self._pieces(decode=True)
+
+    def runs(self) -> Iterator[bytearray]:
+        """The events as JSON arrays (`[...]`) of about a chunk each, for decoding elsewhere (another process).
+
+        Unlike `batches`, a guessed boundary is not checked here: decoding the run checks it. If a run fails to
+        decode, its guess (or the data) was wrong: read the file with `batches` instead, which finds out which.
+        """
+        return self._pieces(decode=False)
+
+    def _pieces(self, decode: bool) -> Iterator[Any]:
         path = self.path
         f = open_bytes(path)
         raw = f.fileobj if isinstance(f, gzip.GzipFile) else f  # for progress in file bytes
@@ -154,14 +166,14 @@ class TraceStream:
                     in_array = True
                 else:
                     carry += chunk
-                batch, carry = self._guess_split(carry)
+                batch, carry = self._guess_split(carry, decode)
                 if batch is not None:
                     if batch:
                         yield batch
                     continue
                 batch, carry, rest = self._split(carry, events_depth)
                 if batch:
-                    yield self._decode(batch)
+                    yield self._decode(batch, decode)
                 if rest is not None:
                     trailer.append(rest)
                     carry = b""
@@ -169,7 +181,7 @@ class TraceStream:
             if in_array and not done:  # the array closes in the last bytes: find it exactly
                 batch, carry, rest = self._split(carry, events_depth)
                 if batch:
-                    yield self._decode(batch)
+                    yield self._decode(batch, decode)
                 if rest is not None:
                     trailer.append(rest)
                     done = True
@@ -185,11 +197,12 @@ class TraceStream:
             raise UserError("truncated JSON: the event array never closes", path)
         self._read_metadata(header, b"".join(trailer))
 
-    def _guess_split(self, buf: bytes) -> tuple[list | None, bytes]:
+    def _guess_split(self, buf: bytes, decode: bool = True) -> tuple[Any, bytes]:
         """Decode the events of `buf` up to the last `},{` in its tail, if that is an event boundary.
 
         Returns (events, rest of buf), or (None, buf) when there is no such boundary or the decoder says the guess
-        was wrong (or the data is malformed: the exact scan then finds and reports it).
+        was wrong (or the data is malformed: the exact scan then finds and reports it). Without `decode`, the
+        events are returned as an unchecked JSON array.
         """
         tail = max(0, len(buf) - TAIL)
         last = None
@@ -204,6 +217,9 @@ class TraceStream:
             return None, buf
         body += memoryview(buf)[lead.end() : cut]
         body += b"]"
+        if not decode:
+            self._continued = True
+            return body, buf[cut:]
         try:
             events = self.decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -254,12 +270,14 @@ class TraceStream:
         last = int(ends[-1]) + 1
         return buf[:last].strip(), buf[last:], None
 
-    def _decode(self, body: bytes) -> list:
+    def _decode(self, body: bytes, decode: bool = True) -> Any:
         if body.startswith(b","):
             body = body[1:]
         elif self._continued:
             raise UserError("malformed JSON: no ',' between two events", self.path)
         self._continued = True
+        if not decode:
+            return b"[" + body + b"]"
         try:
             return self.decoder.decode(b"[" + body + b"]")
         except msgspec.ValidationError as exc:

@@ -113,6 +113,11 @@ _FAMILY: dict[str | None, int] = {
     **{cat: _OP + kind for cat, kind in _OP_KIND.items()},
 }  # fmt: skip
 _COLLECTIVE_INDEX = {kind: i for i, kind in enumerate(C.COLLECTIVES)}
+# columns that index the builder's names / threads, per family (remapped when builders merge)
+_FAMILIES = ("gpu", "runtime", "ops", "syncs", "flows")
+_NAME_COLUMNS = {"gpu": ("name", "pg", "dtype"), "runtime": ("name",), "ops": ("name",), "syncs": ("name",),
+                 "flows": ()}  # fmt: skip
+_THREAD_COLUMNS = {"gpu": (), "runtime": ("thread",), "ops": ("thread",), "syncs": (), "flows": ("thread",)}
 
 
 class ModelBuilder:
@@ -245,6 +250,35 @@ class ModelBuilder:
         return (ts, end, stream, device if device is not None else -1,
                 args.correlation if args.correlation is not None else -1, cls, coll, intern(name), pg,
                 n if n is not None else -1, dtype, args.nbytes if args.nbytes is not None else -1)  # fmt: skip
+
+    def part(self) -> dict[str, Any]:
+        """What this builder holds, as plain picklable data, for `merge` into the builder of the whole file.
+
+        Name and thread columns hold this builder's own indices; `merge` maps them to the receiver's.
+        """
+        tables = {}
+        for family in _FAMILIES:
+            cols = getattr(self, family)
+            cols.flush()
+            tables[family] = np.concatenate(cols.parts) if cols.parts else None
+        return {"names": self.names, "threads": list(self._threads), "thread_names": self._thread_names,
+                "steps": self.steps, "tables": tables}  # fmt: skip
+
+    def merge(self, part: dict[str, Any]) -> None:
+        """Append a `part()` built from the events that follow this builder's, as if `add` had seen them."""
+        # index -1 (no name) maps to -1 through the extra last entry
+        names = np.array([self.intern(n) for n in part["names"]] + [-1], dtype=np.int64)
+        threads = np.array([self.thread(pid, tid) for pid, tid in part["threads"]] + [-1], dtype=np.int64)
+        for family, data in part["tables"].items():
+            if data is None:
+                continue
+            for col in _NAME_COLUMNS[family]:
+                data[col] = names[data[col]]
+            for col in _THREAD_COLUMNS[family]:
+                data[col] = threads[data[col]]
+            getattr(self, family).parts.append(data)
+        self.steps.extend(part["steps"])
+        self._thread_names.update(part["thread_names"])
 
     def build(self, metadata: dict[str, Any]) -> TraceModel:
         steps = sorted(self.steps, key=lambda s: s[1])

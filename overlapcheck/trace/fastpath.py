@@ -1,0 +1,89 @@
+"""Read one big trace with several processes: the file is split into runs of whole events, other processes
+decode and tabulate the runs, and this one merges their tables in file order.
+
+The model is the one `load_trace` builds alone (same rows, same name and thread numbering): `ModelBuilder.merge`
+replays each part's names and threads in order. A run is cut at a guessed event boundary that only decoding can
+check; when a worker cannot decode its run, the whole file is read again the plain way, which tells a wrong guess
+(rare: a `},{` inside a string at a chunk's end) from malformed data and reports the latter as usual.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+import msgspec
+
+from overlapcheck.errors import UserError
+from overlapcheck.trace.events import EVENTS_DECODER
+from overlapcheck.trace.jsonstream import TraceStream
+from overlapcheck.trace.model import ModelBuilder, TraceModel
+
+MIN_BYTES = 64 << 20  # below this, starting processes costs more than it saves
+
+
+class _BadRun(Exception):
+    """A worker could not decode its run."""
+
+
+def _tabulate(run: bytes) -> dict[str, Any] | None:
+    """Worker: one run of events -> the part of the model it makes; None if the run does not decode."""
+    try:
+        events = EVENTS_DECODER.decode(run)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    builder = ModelBuilder("")
+    builder.add(events)
+    return builder.part()
+
+
+def worth_parallel(path: str) -> bool:
+    """Whether a file is big enough for several processes (its size on disk; a .gz is about 10x larger)."""
+    try:
+        with open(path, "rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+        size = os.path.getsize(path)
+    except OSError:
+        return False  # the plain reader reports it
+    return size * (8 if gzipped else 1) >= MIN_BYTES
+
+
+def load_parallel(path: str, workers: int, progress: Callable[[int], None] | None = None) -> TraceModel:
+    """Like `reader.load_trace(path)`, with `workers` processes decoding (plus this one reading and merging)."""
+    stream = TraceStream(path, EVENTS_DECODER, progress)
+    builder = ModelBuilder(path)
+    context = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            pending: deque[Future] = deque()
+            for run in stream.runs():
+                pending.append(pool.submit(_tabulate, run))
+                while len(pending) > 2 * workers:  # bounded: the file is never held whole
+                    _merge(builder, pending.popleft())
+            while pending:
+                _merge(builder, pending.popleft())
+    except (_BadRun, UserError):
+        # a run did not decode, or a wrong guess misled the split that followed it: read it plainly, which
+        # reports real errors
+        return _load_plain(path, progress)
+    model = builder.build(stream.metadata)
+    if stream.bare_list:
+        model.notes.append("torch 1.8 trace format (bare event list)")
+    return model
+
+
+def _merge(builder: ModelBuilder, future: Future) -> None:
+    part = future.result()
+    if part is None:
+        raise _BadRun
+    builder.merge(part)
+
+
+def _load_plain(path: str, progress: Callable[[int], None] | None) -> TraceModel:
+    from overlapcheck.trace.reader import load_trace
+
+    return load_trace(path, progress)
