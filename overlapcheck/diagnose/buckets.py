@@ -50,6 +50,17 @@ def _launch_thread(view: RankView) -> np.ndarray:
     return out
 
 
+def launched_in(view: RankView, function: str) -> np.ndarray:
+    """GPU activities launched while a python_function named `function` was running (False without stacks)."""
+    o = view.model.ops
+    frames = np.flatnonzero(view.name_mask(o.name, lambda n: n.endswith(f": {function}")))
+    if not len(frames):
+        return np.zeros(len(view.gpu), dtype=bool)
+    spans = iv.union(o.start[frames], o.end[frames])
+    i = np.searchsorted(spans.starts, view.launch, side="right") - 1
+    return (i >= 0) & (view.launch < spans.ends[np.maximum(i, 0)])
+
+
 def last_bucket_fraction(view: RankView, mask: np.ndarray, bucket_elems: int, elems_per_step: int) -> float:
     """Share of the step's gradient volume that would be in the last bucket with `bucket_elems` buckets.
 
@@ -129,7 +140,9 @@ def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
     """stage3.py (v0.6 .. 0.19.x) creates reduce_and_partition_stream and parameter_offload.py the
     __allgather_stream only when overlap_comm is true, else both are the default stream: gradient copies and
     reduce-scatters then run on the compute stream and cannot overlap backward. Seen as reduce-scatter kernels and
-    device-to-device gradient copies on the compute stream, or `overlap_comm: false` in the config."""
+    device-to-device gradient copies on the compute stream, or `overlap_comm: false` in the config. Cost: the
+    exposed time of that reduction work on the compute stream (reduce-scatters, bucket copies, and with stacks the
+    cat/divide kernels of __reduce_and_partition_ipg_grads), less the last bucket, which stays exposed anyway."""
     g = view.gpu
     in_steps = view.gpu_step >= 0 if len(view.model.steps) else np.ones(len(g), dtype=bool)
     rs = view.is_comm & (g.coll == RS) & in_steps
@@ -139,12 +152,15 @@ def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
         return []
     bucket, _ = reduce_bucket_size(view)
     elems_step = int(g.nelems[rs].clip(0).sum() / view.n_steps) or parameter_count(view)[0] or 0
-    copies = in_steps & (g.cls == C.MEMCPY) & (g.stream == view.compute_stream)
-    serial = (on_compute if on_compute.any() else rs) | (copies & view.name_mask(g.name, lambda n: "DtoD" in n))
+    on_s = in_steps & (g.stream == view.compute_stream)
+    copies = on_s & (g.cls == C.MEMCPY) & view.name_mask(g.name, lambda n: "DtoD" in n)
+    reduction = on_s & view.is_compute & launched_in(view, "__reduce_and_partition_ipg_grads")
+    serial = (on_compute if on_compute.any() else rs) | copies | reduction
+    compute = iv.union(g.start[view.is_compute & ~reduction], g.end[view.is_compute & ~reduction])
     costs, steps = [], []
     for step in np.unique(view.gpu_step[rs]).tolist():
         sel = serial & (view.gpu_step == step)
-        exposed = iv.length(iv.subtract(iv.union(g.start[sel], g.end[sel]), view.compute))
+        exposed = iv.length(iv.subtract(iv.union(g.start[sel], g.end[sel]), compute))
         frac = last_bucket_fraction(view, view.gpu_step == step, bucket, elems_step)
         costs.append(exposed * (1.0 - frac))
         steps.append(int(step))

@@ -151,8 +151,31 @@ def no_stream_concurrency(view: RankView) -> list[dict[str, Any]]:
         "busy_us_all_streams": round(total, 3),
         "stalls_per_step": round(len(st.kernel) / view.n_steps, 2),
     }
-    return [finding("no-stream-concurrency", f"No two of the {n} GPU streams ever run at the same time",
-                    "kernels execute in launch order across streams, the signature of CUDA_DEVICE_MAX_CONNECTIONS=1 "
-                    "(or CUDA_LAUNCH_BLOCKING=1): communication blocks the compute launched after it",
-                    cost, [view.rank_id], steps, evidence,
-                    make_fix(view.config, env={"CUDA_DEVICE_MAX_CONNECTIONS": None}))]  # fmt: skip
+    return [
+        finding(
+            "no-stream-concurrency",
+            f"No two of the {n} GPU streams ever run at the same time",
+            "kernels execute in launch order across streams, the signature of CUDA_DEVICE_MAX_CONNECTIONS=1 "
+            "(or CUDA_LAUNCH_BLOCKING=1): communication blocks the compute launched after it",
+            cost,
+            [view.rank_id],
+            steps,
+            evidence,
+            make_fix(view.config, env=_serializing_env(view)),
+        )
+    ]
+
+
+SERIALIZING_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_LAUNCH_BLOCKING": "1"}
+
+
+def _serializing_env(view: RankView) -> dict[str, None]:
+    """The variables to unset: those of the job's environment (when the manifest or config lists it) that
+    serialize streams, else CUDA_DEVICE_MAX_CONNECTIONS, the usual one (Megatron-style launch scripts set it)."""
+    job = (view.config or {}).get("_overlapcheck_job")
+    env = job.get("env") if isinstance(job, dict) else None
+    if isinstance(env, dict):
+        found = {k: None for k, v in SERIALIZING_ENV.items() if str(env.get(k, "")) == v}
+        if found:
+            return found
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
