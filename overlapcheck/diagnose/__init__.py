@@ -51,7 +51,8 @@ def merge_findings(report: dict[str, Any], config: dict[str, Any] | None) -> tup
         for f in r.get("_findings") or []:
             if not str(f.get("rule", "")).startswith("_"):
                 groups.setdefault((f["rule"], f.get("_key", "")), []).append(f)
-    merged = [_merge(group) for group in groups.values()]
+    merged = [f for f in (_merge(group) for group in groups.values())
+              if f["rule"] not in registry.INHERENT or f["cost_us"] >= registry.INHERENT_MIN_US]  # fmt: skip
     for rule in registry.CROSS_RULES:
         merged.extend(rule(report, config))
     step_us = _mean([r["step_time_us"] / max(1, len(r.get("steps") or [])) for r in ranks if r.get("step_time_us")])

@@ -9,7 +9,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.context import RankView
-from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
+from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
 from overlapcheck.diagnose.registry import SEVERITY_CAP, rank_rule
 from overlapcheck.diagnose.sizing import AG, RS, parameter_count, reduce_bucket_size
 from overlapcheck.trace import classify as C
@@ -122,10 +122,13 @@ def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
         steps.append(int(step))
     cost = sum(costs) / view.n_steps
     fits = params is not None and bucket >= params
-    why = (f"every gradient fits in one {bucket:.0e}-element bucket (reduce_bucket_size >= {params:,} trainable "
-           "parameters), so all reduce-scatters wait for independent_gradient_partition_epilogue after backward"
-           if fits else f"{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, "
-           f"so it cannot overlap backward compute (reduce_bucket_size {bucket:.0e})")  # fmt: skip
+    overlap = (view.rank.get("collectives") or {}).get("reduce_scatter", {}).get("overlap")
+    exposed = f"reduce-scatter is {1 - overlap:.0%} exposed: " if overlap is not None else ""
+    why = (f"{exposed}every gradient fits in one {sci(bucket)}-element bucket (reduce_bucket_size >= {params:,} "
+           "trainable parameters), so all reduce-scatters wait for independent_gradient_partition_epilogue after "
+           "the last backward kernel" if fits else
+           f"{exposed}{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, so it "
+           f"cannot overlap backward compute (reduce_bucket_size {sci(bucket)})")  # fmt: skip
     evidence = {"reduce_bucket_size": bucket, "reduce_bucket_size_from": bucket_src, "parameters": params,
                 "parameters_from": params_src, "deferred_share": round(float(share), 4),
                 "reduce_scatters_per_step": round(float(rs.sum()) / view.n_steps, 2),

@@ -85,3 +85,10 @@ def round_size(n: float) -> int:
     n = max(1.0, float(n))
     digits = len(str(int(n))) - 2
     return int(round(n / 10**digits) * 10**digits) if digits > 0 else int(n)
+
+
+def sci(n: float) -> str:
+    """500000000 -> '5e8', 50000000 -> '5e7', 12345 -> '12345' (how DeepSpeed configs write sizes)."""
+    mantissa, exponent = f"{float(n):.1e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}" if int(exponent) >= 5 else str(int(n))

@@ -17,6 +17,10 @@ CROSS_RULES: list[CrossRule] = []
 # rule id -> highest severity it may get (None: from its cost)
 SEVERITY_CAP: dict[str, str] = {}
 
+# DeepSpeed syncs every ZeRO-3 run has: reported only when they cost at least this much per step
+INHERENT = {"epilogue-sync", "reduce-event-throttle", "fetch-throttle"}
+INHERENT_MIN_US = 1.0
+
 # rule id -> (critical, warning) cost shares of the step, for rules whose cost is partly inherent: ZeRO-3 always
 # waits for the first all-gather of a pass, and prefetched gathers slower than the compute they hide behind
 SEVERITY_SHARES: dict[str, tuple[float, float]] = {"cross-stream-wait": (0.15, 0.05)}

@@ -20,7 +20,7 @@ from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.callsite import functions
 from overlapcheck.diagnose.context import RankView
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
-from overlapcheck.diagnose.registry import SEVERITY_CAP, rank_rule
+from overlapcheck.diagnose.registry import INHERENT, INHERENT_MIN_US, SEVERITY_CAP, rank_rule
 from overlapcheck.diagnose.sizing import AG, DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
 from overlapcheck.trace import classify as C
 
@@ -128,7 +128,6 @@ OWNERS: list[tuple[str, Callable[[Sync], bool]]] = [
     ("epilogue-sync", _in("independent_gradient_partition_epilogue")),
     ("host-sync", lambda s: True),
 ]
-INHERENT = {"epilogue-sync", "reduce-event-throttle", "fetch-throttle"}
 SEVERITY_CAP["epilogue-sync"] = "info"  # the last bucket is always exposed; reduce-scatter-deferred owns big ones
 
 
@@ -217,7 +216,7 @@ def sync_findings(view: RankView) -> list[dict[str, Any]]:
         idx = [i for i, o in enumerate(owners) if o == owner]
         per_step, steps = view.per_step(cost[idx], np.array([syncs[i].start for i in idx]))
         rule, key = owner.split("|", 1)
-        if rule in INHERENT and per_step < 1.0:
+        if rule in INHERENT and per_step < INHERENT_MIN_US:
             continue  # DeepSpeed always has these syncs; report them only when they cost something
         out.append(_describe(view, rule, key, [syncs[i] for i in idx], per_step, steps))
     return out

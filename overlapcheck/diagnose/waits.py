@@ -170,8 +170,15 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
         evidence = {"waited_for": name, "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
                     "compute_stream": view.compute_stream,
                     "waited_on_streams": sorted({int(s) for s in g.stream[awaited].tolist()})}  # fmt: skip
-        out.append(finding("cross-stream-wait", f"Compute stream waits for {name} on another stream",
-                           f"the compute stream is held by a stream wait until {name} finishes, and no other "
-                           "compute is ready to run meanwhile", cost, [view.rank_id], steps, evidence, {},
-                           key=name))  # fmt: skip
+        why = (
+            f"the compute stream is held by a stream wait until {name} finishes, and no other compute is ready "
+            "to run meanwhile"
+        )
+        if kind == AG:
+            why += (
+                "; these all-gathers were prefetched but take longer than the compute before them: a larger "
+                "stage3_prefetch_bucket_size starts them earlier, zero_quantized_weights or hpZ make them smaller"
+            )
+        out.append(finding("cross-stream-wait", f"Compute stream waits for {name} on another stream", why, cost,
+                           [view.rank_id], steps, evidence, {}, key=name))  # fmt: skip
     return out
