@@ -41,8 +41,6 @@ def cases(kind: str) -> list[Any]:
         "counterfactual cannot fully hide",
         ("offload-sync", "offload-blocking-copy"): "cost +24 %: the pinned async copies of the counterfactual "
         "still queue on the reduce stream",
-        ("max-connections-1", "no-stream-concurrency"): "cost +13 %: some stalls wait for all-gathers the "
-        "compute needs anyway",
         ("same-communicator", "same-communicator"): "1 GPU per node: truth suggests zero_hpz_partition_size 1 "
         "(a no-op) and the cost is +67 %",
     }

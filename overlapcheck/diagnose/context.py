@@ -98,6 +98,18 @@ class RankView:
         return iv.union(self.gpu.start[sel], self.gpu.end[sel])
 
     @cached_property
+    def first_gathers(self) -> np.ndarray:
+        """GPU rows of each step's first all-gather: the parameters of the first module, which nothing can be
+        prefetched behind in any configuration (their wait is inherent)."""
+        sel = np.flatnonzero(self.is_comm & (self.gpu.coll == C.COLLECTIVES.index("all_gather")))
+        if not len(sel):
+            return sel
+        sel = sel[np.lexsort((self.gpu.start[sel], self.gpu_step[sel]))]
+        steps = self.gpu_step[sel]
+        first = np.append(True, steps[1:] != steps[:-1])
+        return sel[first]
+
+    @cached_property
     def compute_stream_busy(self) -> iv.Intervals:
         """P plus everything on the compute stream: time the compute stream could not have used anyway."""
         on_stream = self.gpu.stream == self.compute_stream

@@ -139,11 +139,21 @@ def same_communicator(view: RankView) -> list[dict[str, Any]]:
 def no_stream_concurrency(view: RankView) -> list[dict[str, Any]]:
     """With CUDA_DEVICE_MAX_CONNECTIONS=1 the GPU has one hardware queue, so kernels of all streams execute in
     launch order (Megatron-LM #1468, verl #6976); CUDA_LAUNCH_BLOCKING=1 makes every launch synchronous. Either
-    way no collective overlaps compute: the compute stream stalls behind communication launched before it."""
+    way no collective overlaps compute: the compute stream stalls behind communication launched before it.
+    Cost: those stalls, except on each step's first all-gather, which compute waits for in any configuration."""
     if not no_concurrency(view):
         return []
     st = stalls(view)
-    cost, steps = view.per_step(st.cost, view.launch[st.kernel])
+    first = view.first_gathers
+    inherent = iv.union(view.gpu.start[first], view.gpu.end[first])  # nothing before them to hide behind
+    costs = np.maximum(
+        0.0,
+        st.cost
+        - np.array(
+            [iv.length(iv.clip(inherent, a, b)) for a, b in zip(st.start.tolist(), st.end.tolist(), strict=True)]
+        ),
+    )
+    cost, steps = view.per_step(costs, view.launch[st.kernel])
     both, total, n = concurrency(view)
     evidence = {
         "streams": n,

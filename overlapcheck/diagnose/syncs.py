@@ -179,7 +179,10 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> np.ndar
             continue
         lo, hi = np.array([w.start]), np.array([w.end])
         idle = float(view.idle(lo, hi, busy)[0])
-        gathering = iv.length(iv.clip(view.all_gathers, w.start, w.end))
+        first = view.first_gathers
+        inherent = iv.union(view.gpu.start[first], view.gpu.end[first])
+        idle -= iv.length(iv.clip(inherent, w.start, w.end))  # the step's first all-gather is waited for anyway
+        gathering = iv.length(iv.clip(iv.subtract(view.all_gathers, inherent), w.start, w.end))
         idle -= max(0.0, gathering - hideable)  # compute needs its parameters: that part of the gather stays
         members = members[np.argsort(ends[members])]
         for owner in sorted({owners[m] for m in members.tolist()}):
