@@ -54,7 +54,7 @@ def simulated(ranks: int, steps: int) -> Input:
     """Rank 0 of a simulated set, plain and gzipped; the set itself for the multi-rank runs."""
     folder = simulated_set(ranks, steps)
     gz = os.path.join(folder, "rank0.trace.json.gz")
-    plain = os.path.join(DATA, f"sim-{steps}s-rank0.json")
+    plain = os.path.join(DATA, f"sim-{ranks}r-{steps}s-rank0.json")
     if not os.path.isfile(plain):
         _gunzip(gz, plain)
     return Input(f"sim {os.path.getsize(plain) / MB:.0f} MB", plain, gz, folder)
