@@ -100,6 +100,21 @@ def test_analyze_reproduces_truth_on_combined_scenario_and_old_torch(tmp_path: P
     assert compare(json.loads((tmp_path / "truth.json").read_text()), report) == []
 
 
+def test_analyze_reproduces_truth_with_fp32_communication(tmp_path: Path) -> None:
+    from overlapcheck.simulate import build_config, truth_document
+    from overlapcheck.simulate.writer import write_json, write_trace
+
+    cfg, causes = build_config("healthy", nodes=1, gpus_per_node=2)
+    cfg = cfg.with_overrides({"communication_data_type": "fp32"})
+    result, truth = truth_document(cfg, causes, costs=False)
+    for run in result.ranks:
+        write_trace(cfg, run, tmp_path / f"rank{run.rank}.trace.json.gz")
+    write_json(tmp_path / "truth.json", truth)
+    names = {op.name for op in result.ranks[0].gpu if op.collective == "reduce_scatter"}
+    assert names == {"ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"}
+    assert compare(truth, analysis.analyze_paths([str(tmp_path)], jobs=1)) == []
+
+
 def test_analyze_cli_json_reproduces_truth(tmp_path: Path) -> None:
     from overlapcheck.cli import main
 
@@ -117,3 +132,13 @@ def test_shipped_samples_match_their_truth(name: str) -> None:
     report = analysis.analyze_paths([str(folder)])
     assert report["errors"] == []
     assert compare(json.loads((folder / "truth.json").read_text()), report) == []
+
+
+@pytest.mark.skipif(not (SAMPLES / "straggler").is_dir(), reason="sample_traces/ not generated")
+def test_shipped_samples_regenerate_exactly(tmp_path: Path) -> None:
+    from overlapcheck.simulate.samples import SETS
+
+    scenario, options = SETS["straggler"]
+    generate(scenario, tmp_path, **options)
+    for f in sorted((SAMPLES / "straggler").iterdir()):
+        assert f.read_bytes() == (tmp_path / f.name).read_bytes(), f"{f.name}: rerun overlapcheck.simulate.samples"

@@ -97,7 +97,8 @@ CAUSES: dict[str, Cause] = {
                      "config": {"zero_optimization.offload_optimizer.pin_memory": True}}),
     "reduce-event-throttle": Cause(
         lambda cfg: {"reduce_event_throttle": False},
-        lambda cfg: {"config": {"zero_optimization.reduce_bucket_size": cfg.reduce_bucket_size * 5}}),
+        lambda cfg: {"config": {"zero_optimization.reduce_bucket_size": min(cfg.reduce_bucket_size * 5,
+                                                                            500_000_000)}}),
     "epilogue-sync": Cause(lambda cfg: {"epilogue_sync": False}, lambda cfg: {}),
     "fetch-throttle": Cause(lambda cfg: {"fetch_event_throttle": False}, lambda cfg: {}),
     "allgather-not-prefetched": Cause(
