@@ -315,6 +315,9 @@ def test_cli_writes_and_refuses_to_overwrite(tmp_path: Path) -> None:
     assert not list(out.glob(".*"))  # no temporary files left behind
 
 
-def test_cli_rejects_unknown_scenario(tmp_path: Path) -> None:
+def test_cli_rejects_unknown_scenario_and_bad_versions(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["simulate", "--scenario", "healthy+nope", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "nope" in result.output
+    result = CliRunner().invoke(main, ["simulate", "--torch-version", "latest", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "latest" in result.output
+    assert not (tmp_path / "x").exists()

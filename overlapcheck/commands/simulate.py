@@ -36,7 +36,7 @@ def command(scenario: str, out: Path | None, list_presets: bool, force: bool, **
     if out is None:
         raise UserError("--out DIR is required (or --list)")
     truth = generate(scenario, out, force=force, **options)
-    causes = ", ".join(f"{c['rule']} ({c['cost_us'] / 1000:.2f} ms/step)" for c in truth["causes"]) or "none"
     # cost: the step time of this job minus that of the same job without the effect (a counterfactual run)
+    causes = ", ".join(f"{c['rule']} ({c['cost_us'] / 1000:.2f} ms/step)" for c in truth["causes"]) or "none"
     click.echo(f"wrote {len(truth['ranks'])} rank traces, truth.json and ds_config.json to {out}")
     click.echo(f"step time {truth['step_time_us'] / 1000:.2f} ms; planted causes: {causes}")

@@ -4,7 +4,7 @@ runtime calls that launch GPU work, record/wait events and block on synchronizat
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,7 +97,8 @@ class Host:
             self._ext_stack.pop()
             ev.dur = self.t - ev.ts
 
-    def annotation(self, name: str) -> contextmanager:
+    def annotation(self, name: str) -> AbstractContextManager[CpuEvent]:
+        """A `record_function` range (`user_annotation`), e.g. ProfilerStep#N or nccl:*."""
         return self.cpu_op(name, cat="user_annotation", cost=1.0)
 
     @contextmanager

@@ -133,6 +133,9 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
         overrides.update(PRESETS[part].overrides)
         causes += [c for c in PRESETS[part].causes if c not in causes]
     given = {k: v for k, v in options.items() if v is not None}
+    for key in ("torch_version", "nccl_version", "deepspeed_version"):
+        if key in given and not version_tuple(str(given[key])):
+            raise UserError(f"--{key.replace('_', '-')} {given[key]!r} is not a version like 2.4.0")
     if "torch_version" in given and "nccl_version" not in given:
         torch = version_tuple(given["torch_version"])
         given["nccl_version"] = next(n for t, n in NCCL_FOR_TORCH if torch >= version_tuple(t))
