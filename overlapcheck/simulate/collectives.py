@@ -105,7 +105,8 @@ def launch_collective(host: Host, fabric: Fabric, pg: ProcessGroup, seq: int, ki
         if stream != current_stream:
             host.wait_stream(stream, current_stream)
         with host.annotation(title):
-            runtime = "cudaLaunchKernelExC" if cfg.nccl_at_least("2.19") else "cudaLaunchKernel"
+            # NCCL 2.17.1 launches with cudaLaunchKernelExC (nccl_data trace); older builds are assumed not to
+            runtime = "cudaLaunchKernelExC" if cfg.nccl_at_least("2.17") else "cudaLaunchKernel"
             op = host.launch(nccl_kernel_name(cfg, kind, dtype), stream, coll.transfer_us, cls="comm",
                              args=kargs, coll=coll, collective=kind, communicator=pg.name, runtime=runtime)
         host.spend(4.0, "post-launch")
