@@ -2,9 +2,10 @@
 
 Sources (installed DeepSpeed 0.19.8; v0.13.3 lines in knowledge/zero3-overlap.md):
 - forward/backward fetch: `partitioned_param_coordinator.py` `fetch_sub_module` / `_fetch_sub_module_impl`
-  (all-gather on `__allgather_stream`, async on the PG stream; `handle.wait()`; the fetch-event throttle
+  (all-gather on `__allgather_stream`, async on the PG stream; the fetch-event throttle
   `__ongoing_fetch_events.popleft().synchronize()` when more than `__max_ongoing_fetch_events = 2` are
-  in flight; `current_stream().wait_stream(__allgather_stream)`; prefetch of the next modules up to
+  in flight; `handle.wait()`, whose `torch.cat` per parameter runs on the all-gather stream;
+  `current_stream().wait_stream(__allgather_stream)`; prefetch of the next modules up to
   `stage3_prefetch_bucket_size` when the trace is complete).
 - gradient hook: `stage3.py` `reduce_independent_p_g_buckets_and_remove_grads` (flush when
   `elements + numel > reduce_bucket_size`), `__add_grad_to_ipg_bucket` (`reduce_and_partition_stream
@@ -145,6 +146,8 @@ class RankStep:
                 with host.frames(*self.fr.handle_wait()):
                     if op.stream != self.ag_stream:
                         host.wait_stream(self.ag_stream, op.stream)
+                    for _, numel in self.modules[module]:  # param.data = torch.cat(partitions), per param
+                        self.elementwise("aten::cat", "cat", numel * 4, self.ag_stream)
                 self.fetch_events.append(host.record(self.ag_stream))
                 self.available.add(module)
             host.wait_stream(COMPUTE, self.ag_stream)
