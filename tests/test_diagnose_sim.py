@@ -39,8 +39,6 @@ def cases(kind: str) -> list[Any]:
     known = {
         ("comms-logger", "comms-logger-sync"): "cost +30 %: the device sync's windows also hold comm the "
         "counterfactual cannot fully hide",
-        ("offload-sync", "offload-blocking-copy"): "cost +24 %: the pinned async copies of the counterfactual "
-        "still queue on the reduce stream",
         ("same-communicator", "same-communicator"): "1 GPU per node: truth suggests zero_hpz_partition_size 1 "
         "(a no-op) and the cost is +67 %",
     }
