@@ -231,6 +231,8 @@ def _check_split(split: dict[str, Any]) -> None:
 def test_truth_is_consistent(sets: dict[str, Path], name: str) -> None:
     t = truth(sets[name])
     assert t["schema"] == "overlapcheck.truth/1" and len(t["ranks"]) == 2
+    assert set(t["free_comm_us"]) == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert all(v > -0.01 * t["step_time_us"] for v in t["free_comm_us"].values())
     for rank in t["ranks"]:
         _check_split(rank["collectives"])
         assert rank["idle_us"] == pytest.approx(rank["span_us"] - rank["busy_us"], abs=1e-3)

@@ -38,6 +38,16 @@ def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float, measure:
     return sorted(out, key=lambda c: -(c["cost_us"] or 0.0))
 
 
+def free_comm(cfg: SimConfig, base_step_us: float) -> dict[str, float]:
+    """Per collective kind, the step time saved if those collectives took no time (an upper bound for
+    any cause that makes them exposed, e.g. all-gathers the compute stream waits for)."""
+    out = {}
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        free = cfg.with_overrides({"free_collectives": (kind,)})
+        out[kind] = round(base_step_us - mean_step_time(set_truth(simulate(free), [""] * free.world_size)), 3)
+    return out
+
+
 def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tuple[Any, dict[str, Any]]:
     """Simulate `cfg`; return the result and its truth.json document (`costs`: run the counterfactuals)."""
     result = simulate(cfg)
@@ -54,6 +64,7 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
         "step_time_us": round(step_us, 3),
         "causes": cause_costs(cfg, causes, step_us, costs),
         "inherent": cause_costs(cfg, [r for r in INHERENT if r not in causes], step_us, costs),
+        "free_comm_us": free_comm(cfg, step_us) if costs else None,
         "ranks": ranks,
     }
     return result, doc

@@ -46,6 +46,8 @@ class Fabric:
         if key not in self.calls:
             nodes = len({r // self.cfg.gpus_per_node for r in pg.ranks})
             us = collective_us(self.gpu, kind, total_bytes, len(pg.ranks), nodes, self.cfg.comm_slowdown)
+            if kind in self.cfg.free_collectives:
+                us = 0.0
             self.calls[key] = Collective(pg.name, seq, kind, len(pg.ranks),
                                          us * jitter(self.cfg.seed, "coll", pg.name, seq, spread=0.04))
         coll = self.calls[key]

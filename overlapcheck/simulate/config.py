@@ -87,6 +87,7 @@ class SimConfig:
     straggler_factor: float = 1.0
     clock_offset_us: tuple[float, ...] = ()  # per node, applied only when writing ts
     comm_slowdown: float = 1.0  # divides the network bandwidth (congested fabric)
+    free_collectives: tuple[str, ...] = ()  # counterfactual: these collectives take no time
 
     @property
     def world_size(self) -> int:
