@@ -21,6 +21,7 @@ from overlapcheck.trace import classify as C
 SIGNATURE = "_collectives"
 LATEST_SHARE = 0.5  # the straggler arrives last at at least this share of the collectives
 MIN_SPREAD_US = 2.0  # collectives whose durations differ less than this across ranks say nothing
+MIN_STEP_SHARE = 0.01  # a straggler costs at least this share of the step
 OWN_WAIT_SHARE = 0.5  # the straggler itself waits at most half as long as the median other rank
 
 
@@ -83,6 +84,9 @@ def straggler(report: dict[str, Any], config: dict[str, Any] | None) -> list[dic
         return []
     extra = _extra_compute(report, rank)
     cost = extra if extra is not None and extra > 0 else statistics.median(others)
+    steps = [r["step_time_us"] / len(r["steps"]) for r in report["ranks"] if r.get("steps")]
+    if steps and cost < MIN_STEP_SHARE * statistics.median(steps):
+        return []  # one rank is always last by a little: jitter, not a straggler
     host = next((r.get("host") for r in report["ranks"] if r["rank"] == rank), None)
     evidence = {
         "rank": rank,

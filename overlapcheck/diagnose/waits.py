@@ -71,21 +71,19 @@ def _find_stalls(view: RankView) -> Stalls:
 
 
 def _collective_behind(view: RankView, row: int) -> int:
-    """The collective an awaited activity is, or follows closely on its own stream (e.g. a `cat` after an
-    all-gather); -1 when there is none."""
+    """The collective an awaited activity is, or follows closely (e.g. the `cat` that unflattens an all-gather,
+    on the gather stream after the NCCL stream); -1 when there is none."""
     g = view.gpu
+    off_compute = g.stream != view.compute_stream
     for _ in range(_CHAIN):
         if g.cls[row] == C.COMM:
             return row
-        same = np.flatnonzero(
-            (g.stream == g.stream[row])
-            & (g.end <= g.start[row] + DEPENDENCY_TOLERANCE_US)
-            & (g.end >= g.start[row] - DEPENDENCY_TOLERANCE_US)
-            & (np.arange(len(g)) != row)
-        )
-        if not len(same):
+        near = off_compute & (np.abs(g.end - g.start[row]) <= DEPENDENCY_TOLERANCE_US) & (np.arange(len(g)) != row)
+        before = np.flatnonzero(near)
+        if not len(before):
             return -1
-        row = int(same[np.argmax(g.end[same])])
+        comm = before[g.cls[before] == C.COMM]
+        row = int(comm[np.argmax(g.end[comm])] if len(comm) else before[np.argmax(g.end[before])])
     return row if g.cls[row] == C.COMM else -1
 
 
@@ -157,6 +155,7 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
     st = stalls(view)
     left = rest(view, st, claimed_by_specific(view, st))
     left[on_demand(view, st)] = 0.0  # not prefetched: a pattern, or the first fetch of a pass (inherent)
+    left[np.isin(st.comm, view.first_gathers)] = 0.0  # the step's first gather is waited for in any case
     g = view.gpu
     out = []
     kinds = np.where(st.comm >= 0, g.coll[np.maximum(st.comm, 0)], -1)
