@@ -162,7 +162,7 @@ def test_shared_communicator_and_serialized_all_gather(tmp_path: Path) -> None:
     assert f["evidence"]["process_group"] == "2"
     assert f["cost_us"] == 301.0  # the all-gather was ready at -1 and waited until 300 (within the 400 µs stall)
     assert f["fix"] == {"config": {"zero_optimization.zero_hpz_partition_size": 8}}
-    assert found["cross-stream-wait"]["cost_us"] == 99.0  # the rest of the stall: the all-gather itself
+    assert "cross-stream-wait" not in found  # the rest is the step's first all-gather: waited for in any case
 
 
 def test_streams_that_never_overlap_point_to_max_connections(tmp_path: Path) -> None:
