@@ -277,6 +277,31 @@ def test_inherent_deepspeed_syncs_are_measured(sets: dict[str, Path]) -> None:
         assert abs(cause["cost_us"]) < 0.01 * t["step_time_us"]
 
 
+def test_engine_collective_ends_when_the_last_rank_started() -> None:
+    from overlapcheck.simulate.engine import Collective, Device, run
+    from overlapcheck.simulate.host import Host
+
+    devices = {r: Device(r, serialize_all=False) for r in (0, 1)}
+    hosts = {r: Host(r, devices[r], 0, 100 + r, 100 + r, 200 + r) for r in (0, 1)}
+    coll = Collective("0", 1, "all_gather", 2, transfer_us=50.0)
+    ops = {}
+
+    def program(rank: int):
+        host = hosts[rank]
+        host.t = 0.0 if rank == 0 else 300.0  # rank 1 is late
+        ops[rank, "compute"] = host.launch("gemm", 7, 100.0)
+        ops[rank, "comm"] = host.launch("nccl", 21, 0.0, cls="comm", coll=coll, communicator="0")
+        host.wait_stream(7, 21)
+        ops[rank, "after"] = host.launch("gemm", 7, 10.0)
+        yield from host.synchronize_stream(7)
+
+    run({r: program(r) for r in (0, 1)}, devices)
+    assert ops[0, "comm"].end == ops[1, "comm"].end == ops[1, "comm"].start + 50.0
+    assert ops[0, "comm"].start < ops[0, "compute"].end  # ran concurrently with compute on its stream
+    assert ops[0, "after"].start == ops[0, "comm"].end  # the wait_stream dependency
+    assert hosts[0].t >= ops[0, "after"].end  # the host blocked until the stream drained
+
+
 def test_interval_helpers() -> None:
     a = merge([(0, 4), (2, 6), (8, 10), (10, 11)])
     assert a == [(0, 6), (8, 11)] and length(a) == 9
