@@ -180,6 +180,8 @@ def test_existing_run_folder_is_refused_without_force(tmp_path):
     with pytest.raises(UserError, match="--force"):
         session.prepare_out(str(out), force=False, join=False)
     session.prepare_out(str(out), force=False, join=True)  # node > 0 joins node 0's folder
+    session.prepare_out(str(tmp_path / "new"), force=False, join=True)
+    assert os.listdir(tmp_path / "new") == []  # a joining node creates nothing that node 0 would refuse
     session.prepare_out(str(out), force=True, join=False)
     assert sorted(os.listdir(out)) == ["notes.txt", "status"]  # only our files are removed
 

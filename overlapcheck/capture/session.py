@@ -23,10 +23,14 @@ def default_out() -> str:
 
 def prepare_out(out: str, force: bool, join: bool) -> None:
     """Create the run folder. A non-empty one is refused unless `force` (then our files are removed)
-    or `join` (a per-node launch for node > 0 joins the folder node 0 created)."""
+    or `join` (a per-node launch for node > 0 joins the folder node 0 uses; it creates nothing in it, so
+    that node 0's own check does not depend on which node starts first)."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError("the run folder exists and is not a folder", path=out)
-    if os.path.isdir(out) and os.listdir(out) and not join:
+    if join:
+        os.makedirs(out, exist_ok=True)
+        return
+    if os.path.isdir(out) and os.listdir(out):
         if not force:
             raise UserError("the run folder exists and is not empty; use --force to replace its run "
                             "files, or choose another --out", path=out)
@@ -83,7 +87,7 @@ def run(argv: list[str], settings: CaptureSettings, *, force: bool, out_given: b
     settings_env = CaptureSettings(out, settings.schedule, settings.with_stack, settings.ranks).to_env()
     env = propagation.child_env(os.environ, settings_env)
     ds_env_file = None
-    if plan.kind == "deepspeed":
+    if plan.kind == "deepspeed" and not plan.per_node:  # --no_ssh launches inherit the environment
         ours = {**settings_env, "PYTHONPATH": env["PYTHONPATH"]}
         ds_env_file = propagation.write_ds_env_file(layout.ds_env_file_path(out, plan.node_rank), env, ours)
         env[propagation.DS_ENV_FILE] = ds_env_file
@@ -95,6 +99,7 @@ def run(argv: list[str], settings: CaptureSettings, *, force: bool, out_given: b
 
     pending = wait_for_summaries(out, summary_timeout)
     own.update(finished_at=manifest.now_iso(), exit_code=code, summaries_unfinished=pending)
+    os.makedirs(os.path.join(out, layout.STATUS_DIR), exist_ok=True)
     atomic_write_json(layout.launcher_status_path(out, plan.node_rank), own)
     doc = manifest.merge(out, own)
     atomic_write_json(os.path.join(out, layout.RUN_JSON), doc)

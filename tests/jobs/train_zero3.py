@@ -4,6 +4,7 @@ Runs on CPU with gloo (`DS_ACCELERATOR=cpu`) under any launcher: deepspeed, torc
 "nodes". It knows nothing about overlapcheck. Options:
   --steps N        optimizer steps to run (default 6)
   --fail-at K      exit with code 3 after step K (tests that a failing job's exit code is returned)
+  --fail-rank R    only rank R fails (default: every rank)
   --step-times F   rank 0 appends one line per step to F: "<step> <seconds>" (the overhead benchmark)
 """
 
@@ -22,6 +23,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--fail-at", type=int, default=-1)
+    parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--step-times", default="")
     parser.add_argument("--config", default=os.path.join(HERE, "ds_zero3.json"))
     parser.add_argument("--width", type=int, default=512)
@@ -51,7 +53,7 @@ def main() -> int:
         engine.step()
         if times is not None:
             times.write(f"{step} {time.perf_counter() - started:.6f}\n")
-        if step == args.fail_at:
+        if step == args.fail_at and args.fail_rank in (-1, rank):
             print(f"rank {rank}: failing on purpose after step {step}", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)

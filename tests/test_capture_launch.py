@@ -1,0 +1,221 @@
+"""Real jobs through `overlapcheck run`: a tiny DeepSpeed ZeRO-3 model (1.3M parameters, overlap_comm),
+2 ranks, gloo on CPU, launched with deepspeed, torchrun, and two loopback "nodes" (--no_ssh).
+
+Every job has a timeout. The first deepspeed launch on a fresh machine JIT-builds DeepSpeed's shm comm op
+(about a minute on 2 cores, cached in ~/.cache/torch_extensions), hence the generous limits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+pytestmark = pytest.mark.launcher
+
+JOBS = Path(__file__).parent / "jobs"
+TRAIN = str(JOBS / "train_zero3.py")
+WINDOW = ["--wait", "2", "--warmup", "1", "--active", "2"]  # records steps 3 and 4
+JOB_STEPS = ["--steps", "6"]
+JOB_TIMEOUT = 420  # seconds; includes a possible first-time JIT build
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERLAPCHECK_")}
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _overlapcheck_run(out: Path, command: list[str]) -> list[str]:
+    return [sys.executable, "-m", "overlapcheck", "run", "--out", str(out), *WINDOW, "--", *command]
+
+
+def _spawn(out: Path, command: list[str], cwd: Path, log: Path, **env: str) -> subprocess.Popen:
+    """Start `overlapcheck run` in its own process group (so that a timeout can stop the whole job)."""
+    with open(log, "wb") as fh:
+        return subprocess.Popen(_overlapcheck_run(out, command), cwd=cwd, env=_env(**env), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float = JOB_TIMEOUT) -> list[int]:
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _run(out: Path, command: list[str], cwd: Path, **env: str) -> tuple[int, str]:
+    """Run `overlapcheck run -- command`; returns (exit code, output)."""
+    log = cwd / f"{out.name}.log"
+    (code,) = _wait_all([_spawn(out, command, cwd, log, **env)])
+    return code, log.read_text(errors="replace")
+
+
+def _manifest(out: Path) -> dict[str, Any]:
+    return json.loads((out / "run.json").read_text())
+
+
+def _assert_captured(out: Path, command: list[str], launcher: str) -> dict[str, Any]:
+    """One trace and one summary per rank, and a manifest that says so."""
+    assert sorted(p.name for p in out.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz",
+                                                                     "rank1.trace.json.gz"]
+    run = _manifest(out)
+    assert run["schema"] == "overlapcheck.run/1" and run["status"] == "finished"
+    assert run["command"] == command and run["launcher"] == launcher and run["exit_code"] == 0
+    assert run["world_size"] == 2 and run["backend"] == "gloo" and run["hosts"]
+    cfg = run["ds_config"]  # as the engine used it: train_batch_size resolved (4 per rank x 2 ranks)
+    assert cfg["train_batch_size"] == 8 and cfg["gradient_accumulation_steps"] == 1
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["zero_optimization"]["overlap_comm"] is True
+    assert run["versions"]["torch"].startswith("2.") and run["versions"]["deepspeed"]
+    assert run["env"]["DS_ACCELERATOR"] == "cpu"
+    assert run["profiler"]["first_step"] == 3 and run["profiler"]["last_step"] == 4
+    for rank in run["ranks"]:
+        assert rank["capture"]["status"] == "ok", rank
+        assert rank["capture"]["trace"] == f"rank{rank['rank']}.trace.json.gz"
+        assert rank["summary"]["status"] == "ok", rank
+        assert rank["driver"] == "deepspeed"
+    assert [r["rank"] for r in run["ranks"]] == [0, 1] and run["missing_ranks"] == []
+    return run
+
+
+def _assert_report_sees_zero3_collectives(out: Path) -> None:
+    """The report (from the per-rank summaries) finds reduce-scatters and all-gathers on every rank."""
+    from overlapcheck.analysis import analyze_paths
+
+    report = analyze_paths([str(out)], jobs=1)
+    assert report["errors"] == []
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    for rank in report["ranks"]:
+        assert rank["lanes"] == "cpu"
+        assert rank["collectives"]["reduce_scatter"]["count"] > 0, rank["rank"]
+        assert rank["collectives"]["all_gather"]["count"] > 0, rank["rank"]
+    assert report["run"]["world_size"] == 2
+
+
+def test_deepspeed_launcher(tmp_path):
+    out = tmp_path / "run"
+    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(_free_port()), TRAIN, *JOB_STEPS]
+    code, output = _run(out, command, tmp_path)
+    assert code == 0, output[-3000:]
+    run = _assert_captured(out, command, "deepspeed")
+    assert run["launches"][0]["ds_env_file"]  # DeepSpeed's env-file mechanism was prepared
+    _assert_report_sees_zero3_collectives(out)
+    cli = subprocess.run([sys.executable, "-m", "overlapcheck", "analyze", str(out), "--format", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    doc = json.loads(cli.stdout)
+    assert all(r["collectives"]["all_gather"]["count"] > 0 for r in doc["ranks"])
+
+
+def test_torchrun_launcher(tmp_path):
+    out = tmp_path / "run"
+    command = ["torchrun", "--nproc_per_node", "2", "--master_port", str(_free_port()), TRAIN, *JOB_STEPS]
+    code, output = _run(out, command, tmp_path)
+    assert code == 0, output[-3000:]
+    _assert_captured(out, command, "torchrun")
+    _assert_report_sees_zero3_collectives(out)
+
+
+def test_two_loopback_nodes_with_a_hostfile(tmp_path):
+    out = tmp_path / "run"
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    port = str(_free_port())
+
+    def node(n: int) -> list[str]:
+        return ["deepspeed", "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(n),
+                "--master_addr", "127.0.0.1", "--master_port", port, TRAIN, *JOB_STEPS]
+
+    logs = [tmp_path / f"node{n}.log" for n in (0, 1)]
+    procs = []
+    for n in (1, 0):  # node 1 first: its launch must not trip node 0's check of the run folder
+        procs.append(_spawn(out, node(n), tmp_path, logs[n]))
+        time.sleep(0.5)
+    codes = _wait_all(procs)
+    assert codes == [0, 0], "\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
+    run = _assert_captured(out, node(0), "deepspeed")
+    assert [lt["node_rank"] for lt in run["launches"]] == [0, 1]
+    assert [lt["per_node"] for lt in run["launches"]] == [True, True]
+    assert [lt["exit_code"] for lt in run["launches"]] == [0, 0]
+    _assert_report_sees_zero3_collectives(out)
+
+
+def test_failing_job_exit_code_is_returned_and_traces_survive(tmp_path):
+    out = tmp_path / "run"
+    # rank 1 exits with code 3 right after the window closes; the deepspeed launcher returns that code
+    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(_free_port()), TRAIN, *JOB_STEPS,
+               "--fail-at", "4", "--fail-rank", "1"]
+    code, output = _run(out, command, tmp_path)
+    assert code == 3, output[-3000:]
+    run = _manifest(out)
+    assert run["exit_code"] == 3 and run["status"] == "finished"
+    assert (out / "rank0.trace.json.gz").is_file() and (out / "rank1.trace.json.gz").is_file()
+    assert [r["capture"]["status"] for r in run["ranks"]] == ["ok", "ok"]
+
+
+def test_a_profiler_that_raises_does_not_stop_the_job(tmp_path):
+    out = tmp_path / "run"
+    command = ["torchrun", "--nproc_per_node", "2", "--master_port", str(_free_port()), TRAIN, *JOB_STEPS]
+    code, output = _run(out, command, tmp_path, OVERLAPCHECK_TEST_FAIL_PROFILER="1")
+    assert code == 0, output[-3000:]
+    run = _manifest(out)
+    assert run["exit_code"] == 0 and not list(out.glob("rank*.trace.json.gz"))
+    assert len(run["ranks"]) == 2
+    for rank in run["ranks"]:
+        assert rank["capture"]["status"] == "failed"
+        assert "InjectedFailure" in rank["capture"]["error"]
+    assert "rank 0: InjectedFailure" in output
+
+
+def test_plain_python_job_uses_the_optimizer_step(tmp_path):
+    out = tmp_path / "run"
+    code, output = _run(out, [sys.executable, str(JOBS / "train_plain.py")], tmp_path)
+    assert code == 0, output[-3000:]
+    run = _manifest(out)
+    assert run["launcher"] == "python" and run["world_size"] == 1
+    (rank,) = run["ranks"]
+    assert rank["driver"] == "optimizer" and rank["capture"]["status"] == "ok"
+    assert rank["summary"]["status"] == "ok"
+    assert run["ds_config"] is None
+
+
+def test_sigterm_is_forwarded_and_the_exit_code_kept(tmp_path):
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_overlapcheck_run(out, [sys.executable, str(JOBS / "sigterm_job.py"), str(ready),
+                                                    str(got)]), cwd=tmp_path, env=_env())
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 42
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert got.read_text() == str(int(signal.SIGTERM))
+    assert _manifest(out)["exit_code"] == 42
