@@ -40,17 +40,33 @@ def serialized_delay(view: RankView, st: Stalls) -> np.ndarray:
     communicator (it started as that one ended, later than its stream let it)."""
     g = view.gpu
     out = np.zeros(len(st.kernel))
+    comm = np.flatnonzero(view.is_comm & (g.pg >= 0))
+    if not len(comm):
+        return out
+    comm = comm[np.argsort(g.end[comm], kind="stable")]
+    stream_end = _previous_end_on_stream(view)
     for n, c in enumerate(st.comm.tolist()):
         if c < 0 or g.pg[c] < 0:
             continue
-        blockers = np.flatnonzero(view.is_comm & (g.pg == g.pg[c]) & (g.coll != g.coll[c])
-                                  & (np.abs(g.end - g.start[c]) <= DEPENDENCY_TOLERANCE_US))  # fmt: skip
-        if not len(blockers):
+        a = np.searchsorted(g.end[comm], g.start[c] - DEPENDENCY_TOLERANCE_US, side="left")
+        b = np.searchsorted(g.end[comm], g.start[c] + DEPENDENCY_TOLERANCE_US, side="right")
+        near = comm[a:b]
+        if not ((g.pg[near] == g.pg[c]) & (g.coll[near] != g.coll[c])).any():
             continue
-        before = np.flatnonzero((g.stream == g.stream[c]) & (g.end <= g.start[c] + 1e-6) & (np.arange(len(g)) != c))
-        ready = max(float(view.launch[c]), float(g.end[before].max()) if len(before) else -np.inf)
+        ready = max(float(view.launch[c]), float(stream_end[c]))
         out[n] = max(0.0, float(g.start[c]) - ready)
     return out
+
+
+def _previous_end_on_stream(view: RankView) -> np.ndarray:
+    """End of the activity before each one on its own stream (-inf for the first)."""
+    g = view.gpu
+    order = np.lexsort((g.start, g.stream))
+    prev = np.full(len(g), -np.inf)
+    same = g.stream[order][1:] == g.stream[order][:-1]
+    ends = g.end[order][:-1]
+    prev[order[1:][same]] = ends[same]
+    return prev
 
 
 def claimed_by_specific(view: RankView, st: Stalls) -> np.ndarray:

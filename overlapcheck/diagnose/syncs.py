@@ -170,29 +170,38 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> np.ndar
         return cost
     ends = np.array([s.end for s in syncs])
     blocked = np.array([s.end - s.start for s in syncs])
-    busy = view.compute_stream_busy
-    everything = iv.union(view.gpu.start, view.gpu.end)
-    hideable = _compute_per_gather(view)
-    for w in starvation_windows(view):
-        members = np.flatnonzero((ends > w.start - STARVED_LAUNCH_US) & (ends <= w.launch))
-        if not len(members):
-            continue
-        lo, hi = np.array([w.start]), np.array([w.end])
-        idle = float(view.idle(lo, hi, busy)[0])
-        first = view.first_gathers
-        inherent = iv.union(view.gpu.start[first], view.gpu.end[first])
-        idle -= iv.length(iv.clip(inherent, w.start, w.end))  # the step's first all-gather is waited for anyway
-        gathering = iv.length(iv.clip(iv.subtract(view.all_gathers, inherent), w.start, w.end))
-        idle -= max(0.0, gathering - hideable)  # compute needs its parameters: that part of the gather stays
-        members = members[np.argsort(ends[members])]
+    windows = starvation_windows(view)
+    if not windows:
+        return cost
+    lo = np.array([w.start for w in windows])
+    hi = np.array([w.end for w in windows])
+    launch = np.array([w.launch for w in windows])
+    first = view.first_gathers
+    inherent = iv.union(view.gpu.start[first], view.gpu.end[first])
+    later_gathers = iv.subtract(view.all_gathers, inherent)
+    # compute idle, less the step's first all-gather (waited for anyway) and the part of other gathers longer
+    # than the compute that could hide them (compute needs its parameters)
+    idle = view.idle(lo, hi, view.compute_stream_busy) - _inside(view, inherent, lo, hi)
+    idle -= np.maximum(0.0, _inside(view, later_gathers, lo, hi) - _compute_per_gather(view))
+    gpu_idle = view.idle(lo, hi, iv.union(view.gpu.start, view.gpu.end))
+    order = np.argsort(ends, kind="stable")
+    first_member = np.searchsorted(ends[order], lo - STARVED_LAUNCH_US, side="right")
+    last_member = np.searchsorted(ends[order], launch, side="right")
+    for n in np.flatnonzero(first_member < last_member).tolist():
+        members = order[first_member[n] : last_member[n]]
         for owner in sorted({owners[m] for m in members.tolist()}):
             mine = members[[owners[m] == owner for m in members.tolist()]]
             later = members[(ends[members] > ends[mine[0]]) & np.array([owners[m] != owner for m in members])]
             # the optimizer needs the reduced gradients: only the epilogue's own overhead, once the GPU is idle
-            bound = float(view.idle(lo, hi, everything)[0]) if owner.startswith(WAITED_FOR) else idle
+            bound = gpu_idle[n] if owner.startswith(WAITED_FOR) else idle[n]
             saved = min(bound, max(0.0, blocked[mine].sum() - blocked[later].sum()))
             cost[mine] += saved * blocked[mine] / max(blocked[mine].sum(), 1e-9)
     return cost
+
+
+def _inside(view: RankView, a: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """|A ∩ [lo, hi)| for each window."""
+    return view.covered(hi, a) - view.covered(lo, a)
 
 
 def _compute_per_gather(view: RankView) -> float:

@@ -64,27 +64,42 @@ def _find_stalls(view: RankView) -> Stalls:
     ok[ok] = g.end[other[j[ok]]] >= g.start[k[ok]] - DEPENDENCY_TOLERANCE_US
     rows = np.flatnonzero(ok)
     awaited = other[j[rows]]
-    comm = np.array([_collective_behind(view, int(a)) for a in awaited.tolist()], dtype=np.int64)
+    comm = _collectives_behind(view, awaited, other)
     k_rows = k[rows]
     start, end = gap_start[rows], g.start[k_rows]
     return Stalls(k_rows, start, end, comm, view.idle(start, end), view.launch[on_s[:-1][rows]])
 
 
-def _collective_behind(view: RankView, row: int) -> int:
-    """The collective an awaited activity is, or follows closely (e.g. the `cat` that unflattens an all-gather,
-    on the gather stream after the NCCL stream); -1 when there is none."""
+def _collectives_behind(view: RankView, rows: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """For each awaited activity: the collective it is, or follows closely off the compute stream (e.g. the `cat`
+    that unflattens an all-gather, on the gather stream after the NCCL stream); -1 when there is none.
+    `other` are the activities off the compute stream, sorted by end."""
     g = view.gpu
-    off_compute = g.stream != view.compute_stream
+    ends = g.end[other]
+    out = np.full(len(rows), -1, dtype=np.int64)
+    current = rows.copy()
     for _ in range(_CHAIN):
-        if g.cls[row] == C.COMM:
-            return row
-        near = off_compute & (np.abs(g.end - g.start[row]) <= DEPENDENCY_TOLERANCE_US) & (np.arange(len(g)) != row)
-        before = np.flatnonzero(near)
-        if not len(before):
-            return -1
-        comm = before[g.cls[before] == C.COMM]
-        row = int(comm[np.argmax(g.end[comm])] if len(comm) else before[np.argmax(g.end[before])])
-    return row if g.cls[row] == C.COMM else -1
+        is_comm = g.cls[current] == C.COMM
+        found = (out < 0) & is_comm
+        out[found] = current[found]
+        todo = (out < 0) & ~is_comm & (current >= 0)
+        if not todo.any():
+            break
+        # the latest-ending activity that ended within the tolerance of this one's start, preferring a collective
+        t = g.start[current[todo]]
+        lo = np.searchsorted(ends, t - DEPENDENCY_TOLERANCE_US, side="left")
+        hi = np.searchsorted(ends, t + DEPENDENCY_TOLERANCE_US, side="right")
+        prev = np.full(int(todo.sum()), -1, dtype=np.int64)
+        for n, (a, b, me) in enumerate(zip(lo.tolist(), hi.tolist(), current[todo].tolist(), strict=True)):
+            cand = other[a:b]
+            cand = cand[cand != me]
+            if len(cand):
+                comm = cand[g.cls[cand] == C.COMM]
+                prev[n] = comm[-1] if len(comm) else cand[-1]
+        nxt = np.full(len(rows), -1, dtype=np.int64)
+        nxt[todo] = prev
+        current = np.where(todo, nxt, -1)
+    return out
 
 
 def on_demand(view: RankView, st: Stalls) -> np.ndarray:
