@@ -196,3 +196,13 @@ def test_straggler_found_from_durations_despite_clock_offsets(tmp_path: Path) ->
     f = rules(diagnose(tmp_path))["straggler"]
     assert f["ranks"] == [1] and f["evidence"]["last_to_arrive"] == "4/4 collectives"
     assert f["cost_us"] == 1600.0  # rank 1 computes 400 µs longer before each of the 4 all-reduces
+
+
+def test_fix_drops_upgrades_and_variables_the_job_already_has(tmp_path: Path) -> None:
+    timer = ["deepspeed/utils/timer.py(231): start", "deepspeed/accelerator/cuda_accelerator.py(88): synchronize"]
+    folder = sync_trace(tmp_path, timer, "cudaDeviceSynchronize")
+    new = {"_overlapcheck_job": {"deepspeed": "0.15.1", "env": {}}}
+    assert rules(diagnose(folder, new))["throughput-timer-sync"]["fix"] == {
+        "config": {"timers.throughput.synchronized": False}}  # fmt: skip
+    old = {"_overlapcheck_job": {"deepspeed": "0.13.3"}}
+    assert rules(diagnose(folder, old))["throughput-timer-sync"]["fix"]["upgrade"] == "deepspeed>=0.14.3"

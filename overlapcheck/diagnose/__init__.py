@@ -55,6 +55,7 @@ def merge_findings(report: dict[str, Any], config: dict[str, Any] | None) -> tup
               if f["rule"] not in registry.INHERENT or f["cost_us"] >= registry.INHERENT_MIN_US]  # fmt: skip
     for rule in registry.CROSS_RULES:
         merged.extend(rule(report, config))
+    _drop_applied(merged, config, report.get("run"))
     step_us = _mean([r["step_time_us"] / max(1, len(r.get("steps") or [])) for r in ranks if r.get("step_time_us")])
     for f in merged:
         f.pop("_key", None)
@@ -99,3 +100,36 @@ def _explained(ranks: list[dict[str, Any]], findings: list[dict[str, Any]]) -> f
 
 def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
+
+
+def _drop_applied(findings: list[dict[str, Any]], config: dict[str, Any] | None, run: dict[str, Any] | None) -> None:
+    """Remove from fixes what the job already has: an upgrade to a DeepSpeed it runs, an environment variable
+    its environment does not set (when the run manifest or the config's `_overlapcheck_job` lists them)."""
+    job = (config or {}).get("_overlapcheck_job") if isinstance(config, dict) else None
+    job = job if isinstance(job, dict) else {}
+    run = run if isinstance(run, dict) else {}
+    versions = run.get("versions") if isinstance(run.get("versions"), dict) else {}
+    installed = versions.get("deepspeed") or job.get("deepspeed")
+    env = run.get("env") if isinstance(run.get("env"), dict) else job.get("env")
+    for f in findings:
+        fix = f.get("fix") or {}
+        upgrade = fix.get("upgrade")
+        wanted = upgrade.split(">=", 1)[1] if isinstance(upgrade, str) and upgrade.startswith("deepspeed>=") else None
+        if wanted and isinstance(installed, str) and _version(installed) >= _version(wanted):
+            fix.pop("upgrade")
+        if isinstance(fix.get("env"), dict) and isinstance(env, dict):
+            kept = {k: v for k, v in fix["env"].items() if v is not None or k in env}
+            if kept:
+                fix["env"] = kept
+            else:
+                fix.pop("env")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """'0.13.3' -> (0, 13, 3); stops at the first part that is not a number ('2.1.0+cu121' -> (2, 1, 0))."""
+    out = []
+    for part in text.split("+")[0].split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
