@@ -22,7 +22,7 @@ from overlapcheck.trace import classify as C
 
 STALL_MIN_US = 10.0  # shorter gaps are launch latency
 DEPENDENCY_TOLERANCE_US = 5.0  # how close the end of the awaited activity and the stalled start must be
-_CHAIN = 3  # how many abutting activities to walk back on the awaited stream to find the collective
+_CHAIN = 16  # how many abutting activities to walk back on the awaited stream to find the collective
 MIN_ON_DEMAND_PER_STEP = 2
 
 
