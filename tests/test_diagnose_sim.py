@@ -37,8 +37,6 @@ def causes(preset: str, share: float) -> list[dict[str, Any]]:
 def cases(kind: str) -> list[Any]:
     """(preset, rule) pairs, with the known gaps of the cost model marked (measured error in the reason)."""
     known = {
-        ("comms-logger", "comms-logger-sync"): "cost +30 %: the device sync's windows also hold comm the "
-        "counterfactual cannot fully hide",
         ("same-communicator", "same-communicator"): "1 GPU per node: truth suggests zero_hpz_partition_size 1 "
         "(a no-op) and the cost is +67 %",
     }

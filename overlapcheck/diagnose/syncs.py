@@ -21,7 +21,7 @@ from overlapcheck.diagnose.callsite import functions
 from overlapcheck.diagnose.context import RankView
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
 from overlapcheck.diagnose.registry import INHERENT, INHERENT_MIN_US, SEVERITY_CAP, rank_rule
-from overlapcheck.diagnose.sizing import AG, DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
+from overlapcheck.diagnose.sizing import DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
 from overlapcheck.trace import classify as C
 
 SYNC_CALLS = {
@@ -182,7 +182,9 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> np.ndar
     # compute idle, less the step's first all-gather (waited for anyway) and the part of other gathers longer
     # than the compute that could hide them (compute needs its parameters)
     idle = view.idle(lo, hi, view.compute_stream_busy) - _inside(view, inherent, lo, hi)
-    idle -= np.maximum(0.0, _inside(view, later_gathers, lo, hi) - _compute_per_gather(view))
+    # compute that ran since the previous window is what a prefetched gather could have hidden behind
+    before = view.covered(lo, view.compute) - view.covered(np.concatenate([[-np.inf], hi[:-1]]), view.compute)
+    idle -= np.maximum(0.0, _inside(view, later_gathers, lo, hi) - before)
     gpu_idle = view.idle(lo, hi, iv.union(view.gpu.start, view.gpu.end))
     order = np.argsort(ends, kind="stable")
     first_member = np.searchsorted(ends[order], lo - STARVED_LAUNCH_US, side="right")
@@ -202,13 +204,6 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> np.ndar
 def _inside(view: RankView, a: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """|A ∩ [lo, hi)| for each window."""
     return view.covered(hi, a) - view.covered(lo, a)
-
-
-def _compute_per_gather(view: RankView) -> float:
-    """Compute time per all-gather: how much of one all-gather prefetching could hide behind the compute of the
-    module before it (fetch_sub_module prefetches the next modules while the current one runs)."""
-    n = int((view.is_comm & (view.gpu.coll == AG)).sum())
-    return iv.length(view.compute) / n if n else 0.0
 
 
 PINNED_OVER_PAGEABLE = 22.0 / 6.0  # PCIe Gen4 device-to-host: ~22 GB/s pinned, ~6 GB/s pageable (staged)
