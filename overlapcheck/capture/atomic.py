@@ -15,9 +15,7 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            fh.write(data)  # no fsync: readers need a whole file, not one that survives a power cut
         os.replace(tmp, path)
     except BaseException:
         _remove_quietly(tmp)
