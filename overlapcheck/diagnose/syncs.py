@@ -331,15 +331,25 @@ def _epilogue(view: RankView, syncs: list[Sync]) -> Text:
             "host overhead of that sync once the GPU is idle", {})  # fmt: skip
 
 
+GRAD_NORM_SYNC = {"get_grad_norm_direct", "get_global_norm", "_get_norm_groups"}
+
+
 def _host_sync(view: RankView, syncs: list[Sync]) -> Text:
     site = syncs[0].site.get("frame") or "top-level code (no enclosing op)"
     call = syncs[0].call
-    return (
-        f"Host-blocking {call} in {site}",
-        f"{call} stops the launching thread until the GPU drains its queue, so compute idles until the "
-        "next launch; use events and stream waits instead, or move the sync out of the step",
-        {},
+    why = (
+        f"{call} stops the launching thread until the GPU drains its queue, so compute idles until the next "
+        "launch; use events and stream waits instead, or move the sync out of the step"
     )
+    fix: dict[str, Any] = {}
+    if syncs[0].funcs & GRAD_NORM_SYNC:
+        # stage3.py before v0.14.3 reads the global gradient norm on the host (math.sqrt on a tensor, `clip > 1`)
+        why = (
+            "the ZeRO-3 gradient-norm code reads the norm on the host every step (a device-to-host copy and "
+            "stream sync); DeepSpeed 0.14.3 (#5493) and 0.14.5 (#5504, torch.clamp) keep it on the GPU"
+        )
+        fix = {"upgrade": "deepspeed>=0.14.5"}
+    return f"Host-blocking {call} in {site}", why, fix
 
 
 TEXT: dict[str, Callable[[RankView, list[Sync]], Text]] = {
