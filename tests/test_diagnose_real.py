@@ -58,6 +58,8 @@ def test_benchmark_syncs_are_all_found_with_their_call_sites(shared_traces: Path
     wait = next(f for f in found if f["rule"] == "cross-stream-wait")
     assert wait["evidence"]["waited_for"] == "non-communication work" and wait["evidence"]["compute_stream"] == 7
     assert set(wait["evidence"]["waited_on_streams"]) <= waits
+    raw_waits = [e for e in raw_events(path) if e.get("name") == "Stream Wait Event" and e["args"]["stream"] == 7]
+    assert wait["evidence"]["stream_wait_events_per_step"] == len(raw_waits)  # no ProfilerStep: one step
 
 
 def test_event_sync_trace_counts_only_the_blocking_sync(shared_traces: Path) -> None:

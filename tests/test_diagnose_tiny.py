@@ -206,3 +206,18 @@ def test_fix_drops_upgrades_and_variables_the_job_already_has(tmp_path: Path) ->
         "config": {"timers.throughput.synchronized": False}}  # fmt: skip
     old = {"_overlapcheck_job": {"deepspeed": "0.13.3"}}
     assert rules(diagnose(folder, old))["throughput-timer-sync"]["fix"]["upgrade"] == "deepspeed>=0.14.3"
+
+
+def test_many_small_all_gathers_are_latency_bound(tmp_path: Path) -> None:
+    # 40 all-gathers of 1000 bf16 elements (2 KB) in one step, each exposed for 20 µs
+    ag = {"Collective name": "_allgather_base", "Process Group Name": "0", "In msg nelems": 1000, "dtype": "BFloat16"}
+    events = [step(1, 0, 10_000)]
+    for i in range(40):
+        events += [launch(100 * i, 2 * i + 1), kernel(GEMM, 100 * i, 50, corr=2 * i + 1),
+                   launch(100 * i + 1, 2 * i + 2), kernel(AG, 100 * i + 60, 20, stream=21, corr=2 * i + 2, **ag)]  # fmt: skip
+    write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
+    config = {"zero_optimization": {"stage3_param_persistence_threshold": 100_000}}
+    f = rules(diagnose(tmp_path, config))["tiny-collectives"]
+    assert f["cost_us"] == 800.0 and f["evidence"]["per_step"] == 40 and f["evidence"]["median_bytes"] == 2000
+    assert f["fix"] == {"config": {"zero_optimization.stage3_param_persistence_threshold": 1_000_000}}
+    assert f["severity"] == "warning"  # capped: latency-bound calls are a tuning matter

@@ -182,6 +182,7 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
         name = C.COLLECTIVES[kind] if kind >= 0 else "non-communication work"
         awaited = st.comm[sel][st.comm[sel] >= 0]
         evidence = {"waited_for": name, "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
+                    "stream_wait_events_per_step": _stream_waits_per_step(view),
                     "compute_stream": view.compute_stream,
                     "waited_on_streams": sorted({int(s) for s in g.stream[awaited].tolist()})}  # fmt: skip
         why = (
@@ -196,3 +197,13 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
         out.append(finding("cross-stream-wait", f"Compute stream waits for {name} on another stream", why, cost,
                            [view.rank_id], steps, evidence, {}, key=name))  # fmt: skip
     return out
+
+
+def _stream_waits_per_step(view: RankView) -> float | None:
+    """`Stream Wait Event` records (enable_cuda_sync_events) that make the compute stream wait, per step; None
+    when the trace has no cuda_sync events."""
+    s = view.model.syncs
+    if not len(s):
+        return None
+    waits = view.name_mask(s.name, lambda n: n == "Stream Wait Event") & (s.stream == view.compute_stream)
+    return round(float(waits.sum()) / view.n_steps, 2)
