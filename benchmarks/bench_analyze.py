@@ -46,7 +46,7 @@ def _hta_folder(path: str, tmp: str) -> str:
     return folder
 
 
-def bench_input(inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str) -> dict[str, Run]:
+def bench_input(inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str, hta_timeout: float) -> dict[str, Run]:
     out = os.path.join(tmp, "report.json")
     runs: dict[str, list[str]] = {
         "analyze": _analyze([inp.path], out),
@@ -63,7 +63,8 @@ def bench_input(inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str) -> di
         runs["gunzip (isal)"] = [PY, "-c", _GUNZIP.format(imp="from isal import igzip", opener="igzip.open"), inp.gz]
     results = {}
     for name, argv in runs.items():
-        results[name] = best([measure(name, argv) for _ in range(repeat)])
+        limit = hta_timeout if name == "HTA" else 3600
+        results[name] = best([measure(name, argv, timeout=limit) for _ in range(repeat)])
         _print_run(results[name], inp.size)
     return results
 
@@ -87,7 +88,7 @@ def _traces(folder: str) -> list[str]:
 
 
 def _print_run(r: Run, size: int) -> None:
-    state = "" if r.ok else f"  FAILED: {r.error}"
+    state = "" if r.ok else f"  ({r.error})" if r.timed_out else f"  FAILED: {r.error}"
     print(f"    {r.name:<28} {r.wall_s:8.2f} s wall {r.cpu_s:8.2f} s cpu {r.peak_rss_mb:8.0f} MB peak "
           f"({r.peak_rss_mb * MB / size:.2f}x file){state}", flush=True)  # fmt: skip
 
@@ -97,9 +98,12 @@ def ratios(res: dict[str, Run], size: int, which: str) -> dict[str, float | None
     a = res[which]
 
     def faster(name: str, cpu: bool = False) -> float | None:
+        """other / analyze; negative when `other` hit the time limit (then it is a lower bound, shown as >=)."""
         other = res.get(name)
-        if not (other and other.ok and a.ok):
+        if not (other and (other.ok or other.timed_out) and a.ok):
             return None
+        if other.timed_out:
+            return None if cpu else -other.wall_s / a.wall_s
         return other.cpu_s / a.cpu_s if cpu else other.wall_s / a.wall_s
 
     out = {"x faster than HTA, wall (target >= 10)": faster("HTA"),
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement; the fastest counts")
     parser.add_argument("--baseline-max-mb", type=int, default=1024,
                         help="skip HTA, json.load and orjson above this size (they need 6-8x the file in memory)")
+    parser.add_argument("--hta-timeout", type=float, default=600, help="stop HTA after this many seconds")
     args = parser.parse_args(argv)
     print(f"building inputs in {I.DATA} ...", flush=True)
     todo = I.build(args.quick, args.big)
@@ -128,12 +133,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for inp in todo:
             print(f"\n{inp.name}: {inp.path} ({inp.size / MB:.0f} MB)", flush=True)
-            res = bench_input(inp, args.repeat, args.baseline_max_mb, tmp)
+            res = bench_input(inp, args.repeat, args.baseline_max_mb, tmp, args.hta_timeout)
             rat = {which: ratios(res, inp.size, which) for which in ("analyze", "analyze (proposed)")}
             for which, values in rat.items():
                 print(f"  {which}:")
                 for k, v in values.items():
-                    print(f"    {k:<48} {'-' if v is None else f'{v:.2f}'}")
+                    shown = "-" if v is None else f">= {-v:.2f}" if v < 0 else f"{v:.2f}"
+                    print(f"    {k:<48} {shown}")
             report["inputs"].append({"name": inp.name, "size_mb": inp.size / MB, "ratios": rat,
                                      "runs": {k: vars(v) for k, v in res.items()}})  # fmt: skip
         if todo[0].folder:

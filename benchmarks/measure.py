@@ -22,6 +22,7 @@ class Run:
     peak_rss_mb: float
     ok: bool
     error: str = ""
+    timed_out: bool = False  # stopped at the time limit: its times are lower bounds
 
 
 def measure(name: str, argv: list[str], timeout: float = 3600) -> Run:
@@ -37,11 +38,13 @@ def measure(name: str, argv: list[str], timeout: float = 3600) -> Run:
             try:
                 code = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, timeout=timeout).returncode
             except subprocess.TimeoutExpired:
-                code = -9
+                code = None
         wall = time.perf_counter() - start
         with open(errors, "rb") as f:
             lines = f.read().decode(errors="replace").strip().splitlines()
-        cpu, rss = _stats(stats) if gnu_time else (float("nan"), float("nan"))
+        cpu, rss = _stats(stats) if gnu_time and code is not None else (float("nan"), float("nan"))
+    if code is None:
+        return Run(name, wall, cpu, rss, False, f"stopped after {timeout:.0f} s", timed_out=True)
     ok = code == 0
     error = "" if ok else ([ln for ln in lines if not ln.startswith("Command exited")] or [f"exit {code}"])[-1]
     return Run(name, wall, cpu, rss, ok, error)
