@@ -87,6 +87,16 @@ def test_python_module_forms():
     assert launchers.plan(["accelerate", "launch", "t.py"], FORWARD).kind == "other"
 
 
+def test_torchrun_elastic_multi_node_needs_a_node_id(monkeypatch):
+    for name in ("NODE_RANK", "SLURM_NODEID", "GROUP_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["torchrun", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "t.py"]
+    with pytest.raises(UserError, match="--node_rank"):
+        launchers.plan(argv, FORWARD)
+    monkeypatch.setenv("SLURM_NODEID", "3")
+    assert launchers.plan(argv, FORWARD).node_rank == 3
+
+
 def test_torchrun_single_node_is_not_per_node():
     p = launchers.plan(["torchrun", "--nproc_per_node", "2", "--nnodes=1:1", "t.py"], FORWARD)
     assert (p.kind, p.per_node) == ("torchrun", False)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -127,8 +126,14 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         if fullname != self.name or self._searching:
             return None
         self._searching = True
-        try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        spec = None
+        try:  # ask the other finders, so that editable installs and zip imports still work
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is not self and find is not None:
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
         finally:
             self._searching = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):

@@ -108,7 +108,13 @@ def _torchrun(argv: list[str], args: list[str]) -> LaunchPlan:
     opts = launcher_options(args, _TORCHRUN_VALUE_OPTS)
     nnodes = opts.get("--nnodes", "1")
     per_node = nnodes.split(":")[-1] not in ("1", "")
-    node_rank = _int_opt(opts, "--node_rank", _int_opt(opts, "--node-rank", 0))
+    node_rank = _int_opt(opts, "--node_rank", _int_opt(opts, "--node-rank", -1))
+    if node_rank < 0:  # elastic rendezvous assigns node ranks itself; use the scheduler's node id
+        node_id = os.environ.get("NODE_RANK", os.environ.get("SLURM_NODEID", os.environ.get("GROUP_RANK")))
+        node_rank = int(node_id) if node_id and node_id.isdigit() else (-1 if per_node else 0)
+    if node_rank < 0:
+        raise UserError("torchrun --nnodes > 1 without --node_rank: give each node's launch its --node_rank "
+                        "(or set NODE_RANK) so that the nodes' files in the run folder do not collide")
     return LaunchPlan("torchrun", list(argv), node_rank=node_rank, per_node=per_node)
 
 

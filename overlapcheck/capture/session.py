@@ -83,7 +83,10 @@ def run(argv: list[str], settings: CaptureSettings, *, force: bool, out_given: b
     if shutil.which(plan.argv[0]) is None:
         raise UserError(f"command not found: {plan.argv[0]}")
     out = os.path.abspath(settings.out)
-    prepare_out(out, force, join)
+    try:
+        prepare_out(out, force, join)
+    except OSError as exc:
+        raise UserError(f"cannot prepare the run folder: {exc.strerror or exc}", path=out) from None
     settings_env = CaptureSettings(out, settings.schedule, settings.with_stack, settings.ranks).to_env()
     env = propagation.child_env(os.environ, settings_env)
     ds_env_file = None
@@ -97,7 +100,10 @@ def run(argv: list[str], settings: CaptureSettings, *, force: bool, out_given: b
 
     code = supervisor.run_child(plan.argv, env)
 
-    pending = wait_for_summaries(out, summary_timeout)
+    try:
+        pending = wait_for_summaries(out, summary_timeout)
+    except KeyboardInterrupt:  # stop waiting, still write run.json
+        pending = []
     own.update(finished_at=manifest.now_iso(), exit_code=code, summaries_unfinished=pending)
     os.makedirs(os.path.join(out, layout.STATUS_DIR), exist_ok=True)
     atomic_write_json(layout.launcher_status_path(out, plan.node_rank), own)
