@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rich.console import Console, Group
@@ -132,7 +133,7 @@ def _findings(report: dict[str, Any]) -> Panel:
             parts.append(Text("   " + f["why"]))
         fix = f.get("fix") or {}
         for key, value in (fix.get("config") or {}).items():
-            parts.append(Text(f"   fix: set {key} = {value}", style="green"))
+            parts.append(Text(f"   fix: set {key} = {json.dumps(value)}", style="green"))
         for key, value in (fix.get("env") or {}).items():
             parts.append(Text(f"   fix: {'unset ' + key if value is None else f'export {key}={value}'}", style="green"))
         if fix.get("upgrade"):
