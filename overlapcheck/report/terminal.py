@@ -93,7 +93,9 @@ def _collective_table(report: dict[str, Any]) -> Table:
             ms(metrics[f"{kind}.exposed_us"]["median"]), ms(metrics[f"{kind}.time_us"]["median"]),
             style="bold" if kind == "all" else None,
         )  # fmt: skip
-    table.caption = "overlap, exposed and total: median over ranks"
+    steps = sorted(len(r["steps"]) for r in ranks)[len(ranks) // 2]
+    over = f"the {steps} profiled steps of a rank" if steps else "each rank's trace"
+    table.caption = f"kernels, exposed and total: sums over {over}; every column: median over ranks"
     return table
 
 
