@@ -288,3 +288,29 @@ def test_wait_for_summaries_skips_dead_processes(tmp_path):
     assert session.wait_for_summaries(out, timeout=0.3, poll=0.05) == [1]
     atomic_write_json(layout.summary_status_path(out, 1), {"status": "ok"})
     assert session.wait_for_summaries(out, timeout=5, poll=0.05) == []
+
+
+# ---- supervisor --------------------------------------------------------------------------------------
+
+def test_child_exit_code_is_returned():
+    from overlapcheck.capture import supervisor
+
+    assert supervisor.run_child([sys.executable, "-c", "import sys; sys.exit(7)"], os.environ) == 7
+    assert supervisor.run_child([sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"], os.environ) == -15
+
+
+def test_signals_we_were_started_with_ignored_are_not_forwarded():
+    import subprocess
+
+    child = ("import signal, time\n"
+             "signal.signal(signal.SIGHUP, lambda *a: print('child got SIGHUP', flush=True))\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(1.5)\n")
+    parent = ("import os, signal, sys, threading\n"
+              "from overlapcheck.capture.supervisor import run_child\n"
+              "signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup\n"
+              "threading.Timer(0.8, os.kill, (os.getpid(), signal.SIGHUP)).start()\n"
+              f"sys.exit(run_child([sys.executable, '-c', {child!r}], dict(os.environ)))\n")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "ready" and "SIGHUP" not in out.stdout

@@ -25,7 +25,8 @@ def _terminal_sent_it() -> bool:
 
 
 def run_child(argv: list[str], env: Mapping[str, str]) -> int:
-    """Run `argv` with `env` and wait; SIGTERM/SIGINT/SIGHUP/SIGUSR1/2 sent to us are forwarded.
+    """Run `argv` with `env` and wait; SIGTERM/SIGINT/SIGHUP/SIGUSR1/2 sent to us are forwarded
+    (except those this process was started with ignored).
 
     Returns the child's exit code, or -N when signal N killed it (as subprocess does).
     """
@@ -42,7 +43,8 @@ def run_child(argv: list[str], env: Mapping[str, str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    # a signal we were started with ignored (nohup, a background job's SIGINT) stays ignored
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         return proc.wait()
     finally:
