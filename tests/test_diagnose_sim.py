@@ -35,19 +35,10 @@ def causes(preset: str, share: float) -> list[dict[str, Any]]:
 
 
 def cases(kind: str) -> list[Any]:
-    """(preset, rule) pairs, with the known gaps of the cost model marked (measured error in the reason)."""
-    known = {
-        ("same-communicator", "same-communicator"): "1 GPU per node: truth suggests zero_hpz_partition_size 1 "
-        "(a no-op) and the cost is +67 %",
-    }
-    out = []
-    for preset in presets():
-        for cause in causes(preset, RANKED_SHARE if kind == "cost" else LISTED_SHARE):
-            key = (preset, cause["rule"])
-            gap = known.get(key) if kind == "cost" or key == ("same-communicator", "same-communicator") else None
-            marks = [pytest.mark.xfail(reason=gap, strict=False)] if gap else []
-            out.append(pytest.param(preset, cause["rule"], id=f"{preset}:{cause['rule']}", marks=marks))
-    return out
+    """(preset, rule) pairs: every planted cause that costs something (listed with its fix) or that is large
+    enough to rank (top with its cost)."""
+    return [pytest.param(preset, cause["rule"], id=f"{preset}:{cause['rule']}")
+            for preset in presets() for cause in causes(preset, RANKED_SHARE if kind == "cost" else LISTED_SHARE)]
 
 
 @pytest.mark.parametrize(("preset", "rule"), cases("fix"))
@@ -85,3 +76,16 @@ def test_explained_share_is_reported_for_a_planted_cause() -> None:
         pytest.skip("no seed-5201 sample")
     _, report = diagnosis("seed-5201")
     assert 0.5 <= report["findings_explain_share"] <= 1.0
+
+
+@pytest.mark.parametrize("scenario", ["bucket-too-large+straggler", "comms-logger+straggler"])
+def test_combined_presets_list_each_planted_cause(scenario: str, tmp_path: Path) -> None:
+    from overlapcheck.simulate import generate
+
+    truth = generate(scenario, tmp_path / "set", nodes=2, gpus_per_node=1)
+    report = analyze_paths([str(tmp_path / "set")], jobs=2)
+    found = {f["rule"]: f for f in report["findings"]}
+    for cause in truth["causes"]:
+        assert cause["rule"] in found, f"{cause['rule']} not found; findings: {list(found)}"
+        assert found[cause["rule"]]["fix"] == cause["fix"]
+        assert found[cause["rule"]]["severity"] in ("critical", "warning")

@@ -9,13 +9,11 @@ from pathlib import Path
 from overlapcheck.simulate import generate
 from overlapcheck.simulate.scenarios import PRESETS
 
-# set name -> (scenario, options); the small sets use 2 nodes x 1 GPU to keep the folder small
+# set name -> (scenario, options); the small sets use 2 nodes x 1 GPU to keep the folder small, except where
+# the planted cause needs more GPUs per node (hpZ separates the communicators only with 2 or more)
 SMALL = {"nodes": 2, "gpus_per_node": 1}
-SETS: dict[str, tuple[str, dict]] = {
-    "seed-5201": ("seed-5201", {}),
-    "healthy": ("healthy", {}),
-    **{name: (name, SMALL) for name in PRESETS if name not in ("seed-5201", "healthy")},
-}
+OWN_SIZE = {"seed-5201": {}, "healthy": {}, "same-communicator": {"nodes": 2, "gpus_per_node": 2}}
+SETS: dict[str, tuple[str, dict]] = {name: (name, OWN_SIZE.get(name, SMALL)) for name in PRESETS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,6 +75,16 @@ def _timer_fix(cfg: SimConfig) -> dict[str, Any]:
     return fix
 
 
+def _hpz_fix(cfg: SimConfig) -> dict[str, Any]:
+    """hpZ gathers on an intra-node group of `zero_hpz_partition_size` ranks (DeepSpeed `groups.
+    _create_zero_param_parallel_group`, `stage3.py` `zero_param_parallel_group`), separate from the reduce-scatter
+    communicator. With 1 GPU per node the secondary group would be each rank alone (size 1 = hpZ off): no config
+    change separates the communicators, only building the engine without the mpu's data-parallel group."""
+    if cfg.gpus_per_node < 2:
+        return {}
+    return {"config": {"zero_optimization.zero_hpz_partition_size": cfg.gpus_per_node}}
+
+
 CAUSES: dict[str, Cause] = {
     "reduce-scatter-deferred": Cause(
         lambda cfg: {"reduce_bucket_size": 50_000_000},
@@ -84,9 +94,7 @@ CAUSES: dict[str, Cause] = {
                                    lambda cfg: {"config": {"zero_optimization.overlap_comm": True}}),
     "comms-logger-sync": Cause(lambda cfg: {"comms_logger": False},
                                lambda cfg: {"config": {"comms_logger.enabled": False}}),
-    "same-communicator": Cause(
-        lambda cfg: {"same_communicator": False},
-        lambda cfg: {"config": {"zero_optimization.zero_hpz_partition_size": cfg.gpus_per_node}}),
+    "same-communicator": Cause(lambda cfg: {"same_communicator": False}, _hpz_fix),
     "no-stream-concurrency": Cause(lambda cfg: {"max_connections_1": False},
                                    lambda cfg: {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}),
     "straggler": Cause(lambda cfg: {"straggler_rank": None, "straggler_factor": 1.0}, lambda cfg: {},
