@@ -98,10 +98,10 @@ class _Columns:
             self.rows = []
 
     def table(self) -> Table:
+        """The columns, each concatenated straight from the batches (no whole-table copy in between)."""
         self.flush()
-        data = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=self.dtype)
-        self.parts = []
-        return Table({c: np.ascontiguousarray(data[c]) for c in self.columns})
+        parts, self.parts = self.parts or [np.zeros(0, dtype=self.dtype)], []
+        return Table({c: np.concatenate([p[c] for p in parts]) for c in self.columns})
 
 
 # what the builder does with an `X` event, by category
