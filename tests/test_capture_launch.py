@@ -219,3 +219,23 @@ def test_sigterm_is_forwarded_and_the_exit_code_kept(tmp_path):
             proc.kill()
     assert got.read_text() == str(int(signal.SIGTERM))
     assert _manifest(out)["exit_code"] == 42
+
+
+def test_multi_node_deepspeed_gets_the_capture_env_through_its_env_file(tmp_path):
+    """DeepSpeed's multi-node runner over (a loopback stand-in for) pdsh: each "remote" rank starts from
+    an empty environment, so the capture settings can only arrive through the runner's env file, which
+    must still carry the user's own .deepspeed_env lines and leave that file untouched."""
+    out = tmp_path / "run"
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    user_env = "DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\nNCCL_DEBUG=WARN\n"
+    (tmp_path / ".deepspeed_env").write_text(user_env)
+    command = ["deepspeed", "--hostfile", str(hostfile), "--no_ssh_check", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), TRAIN, *JOB_STEPS]
+    fake_pdsh = str(JOBS / "fake_pdsh")
+    code, output = _run(out, command, tmp_path, PATH=fake_pdsh + os.pathsep + _env()["PATH"])
+    assert code == 0, output[-3000:]
+    assert "pdsh" in output  # the runner took its multi-node path
+    run = _assert_captured(out, command, "deepspeed")
+    assert run["env"]["NCCL_DEBUG"] == "WARN"  # the user's env-file line reached the ranks
+    assert (tmp_path / ".deepspeed_env").read_text() == user_env
