@@ -94,7 +94,7 @@ class _Columns:
 
     def flush(self) -> None:
         if self.rows:
-            self.parts.append(np.array(self.rows, dtype=self.dtype))
+            self.parts.append(np.fromiter(self.rows, dtype=self.dtype, count=len(self.rows)))
             self.rows = []
 
     def table(self) -> Table:
