@@ -8,13 +8,13 @@ import os
 import sys
 
 import pytest
+from conftest import kernel, launch, step, write_trace
 
 from overlapcheck.capture import hook, layout
 from overlapcheck.capture.atomic import read_json
 from overlapcheck.capture.rank import RankCapture
 from overlapcheck.capture.settings import CaptureSettings, Schedule
 from overlapcheck.capture.summary import write_summary
-from tests.conftest import kernel, launch, step, write_trace
 
 
 def test_post_import_hook_runs_after_the_module_and_restores_its_loader(tmp_path, monkeypatch):
