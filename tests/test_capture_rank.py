@@ -145,3 +145,21 @@ def test_summary_of_a_broken_trace_fails_quietly(tmp_path):
     status = read_json(str(tmp_path / "st.json"))
     assert not ok and status["status"] == "failed" and status["error"]
     assert not (tmp_path / "s.json").exists()
+
+
+def test_an_unexpected_error_stops_the_capture_once_and_is_recorded(tmp_path, monkeypatch):
+    from overlapcheck.capture.profiler import StepProfiler
+
+    calls = []
+
+    def broken_tick(self):
+        calls.append(1)
+        raise KeyError("boom")
+
+    monkeypatch.setattr(StepProfiler, "tick", broken_tick)
+    cap = _capture(tmp_path, Schedule(wait=2), monkeypatch)
+    for _ in range(5):
+        cap.on_step("optimizer", cap)
+    assert len(calls) == 1  # no retry on every step
+    status = read_json(layout.rank_status_path(str(tmp_path), 0))
+    assert status["capture"]["status"] == "failed" and "KeyError" in status["capture"]["error"]

@@ -187,6 +187,7 @@ def test_existing_run_folder_is_refused_without_force(tmp_path):
     (out / "run.json").write_text("{}")
     (out / "rank0.trace.json.gz").write_bytes(b"x")
     (out / "notes.txt").write_text("mine")
+    (out / ".rank1.123.tmp.json.gz").write_bytes(b"partial")
     with pytest.raises(UserError, match="--force"):
         session.prepare_out(str(out), force=False, join=False)
     session.prepare_out(str(out), force=False, join=True)  # node > 0 joins node 0's folder

@@ -43,4 +43,4 @@ def is_run_file(name: str) -> bool:
     """Whether a top-level file name is one `overlapcheck run` writes (what --force may delete)."""
     return name == RUN_JSON or (
         name.startswith("rank") and name.endswith((".trace.json.gz", ".summary.json"))
-    ) or (name.startswith(".rank") and name.endswith(".tmp"))
+    ) or (name.startswith(".") and ".tmp" in name)  # temp files of an interrupted write

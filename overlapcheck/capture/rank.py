@@ -29,6 +29,7 @@ class RankCapture:
         self.profiler: StepProfiler | None = None
         self.identity: dict[str, Any] | None = None
         self.skipped = False
+        self.broken = False                     # an unexpected error: the capture stopped on this rank
         self.summary: dict[str, Any] = {"status": "not_started"}
         self.errors: list[str] = []
 
@@ -42,6 +43,8 @@ class RankCapture:
             self.errors.append(f"ds_config: {one_line(exc)}")
 
     def on_step(self, source: str, obj: Any) -> None:
+        if self.broken:
+            return
         try:
             if not self._is_clock(source, obj):
                 return
@@ -49,8 +52,10 @@ class RankCapture:
                 self._begin()
             if self.profiler is not None:
                 self.profiler.tick()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - give up on this rank's capture, keep training
+            self.broken = True
             self.errors.append(one_line(exc))
+            self.write_status()
 
     def _is_clock(self, source: str, obj: Any) -> bool:
         if source == "deepspeed":
@@ -102,8 +107,11 @@ class RankCapture:
     def status(self) -> dict[str, Any]:
         ident = dict(self.identity or rankinfo.identity())
         prof = self.profiler
-        capture: dict[str, Any] = {"status": "skipped" if self.skipped else (prof.state if prof else "waiting"),
-                                   "error": prof.error if prof else None,
+        state = "skipped" if self.skipped else (prof.state if prof else "waiting")
+        error = prof.error if prof else None
+        if self.broken and state not in ("ok", "failed"):
+            state, error = "failed", self.errors[-1]
+        capture: dict[str, Any] = {"status": state, "error": error,
                                    "steps_seen": prof.steps_done if prof else None}
         if prof is not None:
             capture.update(first_step=prof.schedule.first, last_step=prof.schedule.last,
