@@ -167,8 +167,9 @@ def test_shared_communicator_and_serialized_all_gather(tmp_path: Path) -> None:
 
 def test_streams_that_never_overlap_point_to_max_connections(tmp_path: Path) -> None:
     ag = {"Collective name": "_allgather_base", "Process Group Name": "0", "In msg nelems": 10, "dtype": "BFloat16"}
-    # kernels run strictly in launch order across streams; the step's first all-gather is waited for in any
-    # configuration, the second one (prefetched, 300 µs) only because the streams are serialized
+    # kernels run strictly in launch order across streams; the step's first all-gather, issued at 1 µs while the
+    # first GEMM ran until 100 µs, could have overlapped that GEMM (99 µs); the rest of it is waited for in any
+    # configuration; the second one (prefetched, 300 µs) is waited for only because the streams are serialized
     events = [step(1, 0, 2000), launch(0, 1), kernel(GEMM, 0, 100, corr=1),
               launch(1, 2), kernel(AG, 100, 300, stream=21, corr=2, **ag),
               launch(2, 3), kernel(GEMM, 400, 100, corr=3),
@@ -177,7 +178,7 @@ def test_streams_that_never_overlap_point_to_max_connections(tmp_path: Path) -> 
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     found = rules(diagnose(tmp_path))
     f = found["no-stream-concurrency"]
-    assert f["cost_us"] == 300.0 and f["fix"] == {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}
+    assert f["cost_us"] == 399.0 and f["fix"] == {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}
     assert f["evidence"]["stalls_per_step"] == 2.0
     assert "cross-stream-wait" not in found and "allgather-not-prefetched" not in found
 

@@ -82,6 +82,17 @@ def last_bucket_fraction(view: RankView, mask: np.ndarray, bucket_elems: int, el
     return float(current / sizes.sum())
 
 
+def held_first_gathers_exposed(view: RankView) -> float:
+    """Per step: exposed time of the steps' first all-gathers that the host issued while earlier compute-stream
+    work was still queued, up to that queued time (what they could have overlapped)."""
+    g = view.gpu
+    held = np.setdiff1d(view.step_first_gathers, view.first_gathers)
+    if not len(held):
+        return 0.0
+    exposed = iv.subtract(iv.subtract(iv.union(g.start[held], g.end[held]), view.compute), view.first_gather_waits)
+    return iv.length(exposed) / view.n_steps
+
+
 def recommended_bucket(params: int | None) -> int:
     """5e7 elements (the ZeRO-3 examples' size; several buckets per step from 2e8 parameters up), else a quarter
     of a smaller model so that at least four buckets overlap backward."""
@@ -145,7 +156,9 @@ def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
     reduce-scatters then run on the compute stream and cannot overlap backward. Seen as reduce-scatter kernels and
     device-to-device gradient copies on the compute stream, or `overlap_comm: false` in the config. Cost: the
     exposed time of that reduction work on the compute stream (reduce-scatters, bucket copies, and with stacks the
-    cat/divide kernels of __reduce_and_partition_ipg_grads), less the last bucket, which stays exposed anyway."""
+    cat/divide kernels of __reduce_and_partition_ipg_grads), less the last bucket, which stays exposed anyway;
+    plus the exposed time of each step's first all-gather that the host issued while the previous step's compute
+    still ran: on its own stream it would overlap that compute, on the default stream it waits for it."""
     g = view.gpu
     in_steps = view.gpu_step >= 0 if len(view.model.steps) else np.ones(len(g), dtype=bool)
     rs = view.is_comm & (g.coll == RS) & in_steps
@@ -167,7 +180,10 @@ def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
         frac = last_bucket_fraction(view, view.gpu_step == step, bucket, elems_step)
         costs.append(exposed * (1.0 - frac))
         steps.append(int(step))
+    held_exposed = held_first_gathers_exposed(view)
+    costs.append(held_exposed * view.n_steps)
     evidence = {
+        "first_all_gathers_held_behind_compute_us_per_step": round(held_exposed, 3),
         "reduce_scatters_on_compute_stream": int(on_compute.sum()),
         "compute_stream": view.compute_stream,
         "overlap_comm_in_config": config_value(view.config, "zero_optimization.overlap_comm"),

@@ -98,16 +98,45 @@ class RankView:
         return iv.union(self.gpu.start[sel], self.gpu.end[sel])
 
     @cached_property
-    def first_gathers(self) -> np.ndarray:
-        """GPU rows of each step's first all-gather: the parameters of the first module, which nothing can be
-        prefetched behind in any configuration (their wait is inherent)."""
+    def step_first_gathers(self) -> np.ndarray:
+        """GPU rows of each step's first all-gather (the parameters of the first module)."""
         sel = np.flatnonzero(self.is_comm & (self.gpu.coll == C.COLLECTIVES.index("all_gather")))
         if not len(sel):
             return sel
         sel = sel[np.lexsort((self.gpu.start[sel], self.gpu_step[sel]))]
         steps = self.gpu_step[sel]
-        first = np.append(True, steps[1:] != steps[:-1])
-        return sel[first]
+        return sel[np.append(True, steps[1:] != steps[:-1])]
+
+    @cached_property
+    def first_gathers(self) -> np.ndarray:
+        """GPU rows of each step's first all-gather (the parameters of the first module) that the host issued
+        only after the compute-stream work launched before it had ended: nothing was left to hide it behind, so
+        its wait is inherent. One issued while the previous step's compute still ran (the host ahead of the GPU)
+        overlaps that compute in a healthy job; if it is exposed, whatever serialized or delayed it owns the cost."""
+        first = self.step_first_gathers
+        return first[self._queued_at_launch(first) <= 0]
+
+    def _queued_at_launch(self, rows: np.ndarray) -> np.ndarray:
+        """For each GPU row: how long the compute-stream work launched before it still ran after its launch
+        (<= 0: none). Counts compute anywhere and anything on the compute stream: an activity there that ends
+        after the launch shows the stream still had work queued, even work launched before the trace began."""
+        comp = np.flatnonzero(self.is_compute | (self.gpu.stream == self.compute_stream))
+        if not len(rows) or not len(comp):
+            return np.full(len(rows), -np.inf)
+        comp = comp[np.argsort(self.launch[comp], kind="stable")]
+        queued_end = np.maximum.accumulate(self.gpu.end[comp])
+        i = np.searchsorted(self.launch[comp], self.launch[rows], side="left")
+        return np.where(i > 0, queued_end[np.maximum(i - 1, 0)], -np.inf) - self.launch[rows]
+
+    @cached_property
+    def first_gather_waits(self) -> iv.Intervals:
+        """The part of each step's first all-gather that compute waits for in any configuration: all of an
+        inherent one; of one issued while compute work was queued, what that work could not have hidden (the
+        end of the gather beyond the queued time)."""
+        first = self.step_first_gathers
+        g = self.gpu
+        hidden = np.clip(self._queued_at_launch(first), 0.0, None)
+        return iv.union(np.minimum(g.start[first] + hidden, g.end[first]), g.end[first])
 
     @cached_property
     def compute_stream_busy(self) -> iv.Intervals:

@@ -156,12 +156,12 @@ def no_stream_concurrency(view: RankView) -> list[dict[str, Any]]:
     """With CUDA_DEVICE_MAX_CONNECTIONS=1 the GPU has one hardware queue, so kernels of all streams execute in
     launch order (Megatron-LM #1468, verl #6976); CUDA_LAUNCH_BLOCKING=1 makes every launch synchronous. Either
     way no collective overlaps compute: the compute stream stalls behind communication launched before it.
-    Cost: those stalls, except on each step's first all-gather, which compute waits for in any configuration."""
+    Cost: those stalls, except the part of each step's first all-gather that compute waits for in any
+    configuration (all of it when the host issued it after the earlier compute ended)."""
     if not no_concurrency(view):
         return []
     st = stalls(view)
-    first = view.first_gathers
-    inherent = iv.union(view.gpu.start[first], view.gpu.end[first])  # nothing before them to hide behind
+    inherent = view.first_gather_waits
     costs = np.maximum(
         0.0,
         st.cost

@@ -139,6 +139,7 @@ class Window:
     start: float
     end: float
     launch: float
+    boundary: int = -1  # the step before whose first compute kernel it ends (a step boundary), else -1
 
 
 def starvation_windows(view: RankView) -> list[Window]:
@@ -156,35 +157,73 @@ def starvation_windows(view: RankView) -> list[Window]:
     return [Window(float(queued_end[r]), float(start[r + 1]), float(launch[r + 1])) for r in rows.tolist()]
 
 
+def held_windows(view: RankView, windows: list[Window]) -> list[Window]:
+    """`windows` plus the compute stalls on an inherent first all-gather that started as soon as the host
+    launched it: compute then waited for the host's launch of that gather, which is starvation too (launch: the
+    gather's). Such a stall joins the run of windows just before it that only short activities separate (the
+    step's input copy and memset), so the calls that delayed all of them count once."""
+    from overlapcheck.diagnose.waits import stalls
+
+    st = stalls(view)
+    first = set(view.first_gathers.tolist())
+    g = view.gpu
+    on_s = np.flatnonzero(g.stream == view.compute_stream)
+    on_s = on_s[np.argsort(g.start[on_s], kind="stable")]
+    queued_end = np.maximum.accumulate(g.end[on_s])
+    out = sorted(windows, key=lambda w: w.start)
+    for kernel, hi, comm in zip(st.kernel.tolist(), st.end.tolist(), st.comm.tolist(), strict=True):
+        if comm not in first or g.start[comm] - view.launch[comm] > STARVED_LAUNCH_US:
+            continue
+        i = int(np.searchsorted(g.start[on_s], g.start[kernel], side="left"))
+        lo = float(queued_end[i - 1]) if i > 0 else float(g.start[comm])  # the stream's queue ran dry here
+        start = lo
+        keep = []
+        for w in sorted(out, key=lambda w: -w.start):  # join the run of windows just before it
+            if w.end <= start and start - w.end <= STARVED_LAUNCH_US:
+                start = w.start
+            else:
+                keep.append(w)
+        out = [*keep, Window(start, hi, float(view.launch[comm]))]
+    return sorted(out, key=lambda w: w.start)
+
+
 # syncs whose awaited work the next compute needs anyway: only GPU-idle time in their windows is theirs
 WAITED_FOR = ("epilogue-sync|",)
 
 
-def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> np.ndarray:
+def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Cost of each sync. A window's blocking calls are those that returned after the queue ran dry and before
     the launch that ended it. Removing one owner's calls lets the host launch earlier by their blocked time,
     minus what the other owners' later calls would then wait longer (they wait for the same GPU work); the
-    window's compute idle bounds the gain. Each owner's share goes to its calls in proportion to blocked time."""
+    window's compute idle bounds the gain. Each owner's share goes to its calls in proportion to blocked time.
+    Also returns, per call, the step whose boundary window it delayed (-1: inside a step)."""
     cost = np.zeros(len(syncs))
+    boundary = np.full(len(syncs), -1)
     if not syncs:
-        return cost
+        return cost, boundary
     ends = np.array([s.end for s in syncs])
     blocked = np.array([s.end - s.start for s in syncs])
-    windows = starvation_windows(view)
+    windows = held_windows(view, starvation_windows(view))
     if not windows:
-        return cost
+        return cost, boundary
+    for step in view.rank.get("steps") or []:  # windows from the step's GPU start to its first compute-stream kernel
+        mine = view.is_compute & (view.gpu.stream == view.compute_stream) & (view.gpu_step == int(step["step"]))
+        first_compute = float(view.gpu.start[mine].min()) if mine.any() else -np.inf
+        for w in windows:
+            if float(step["start_us"]) <= w.end <= first_compute:
+                w.boundary = int(step["step"])
     lo = np.array([w.start for w in windows])
     hi = np.array([w.end for w in windows])
     launch = np.array([w.launch for w in windows])
     first = view.first_gathers
     inherent = iv.union(view.gpu.start[first], view.gpu.end[first])
     later_gathers = iv.subtract(view.all_gathers, inherent)
-    # compute idle, less the step's first all-gather (waited for anyway) and the part of other gathers longer
-    # than the compute that could hide them (compute needs its parameters)
-    idle = view.idle(lo, hi, view.compute_stream_busy) - _inside(view, inherent, lo, hi)
-    # compute that ran since the previous window is what a prefetched gather could have hidden behind
+    # compute idle, less the part of later gathers longer than the compute that could hide them (compute
+    # needs its parameters); compute that ran since the previous window is what a prefetch could hide behind
+    idle = view.idle(lo, hi, view.compute_stream_busy)
     before = view.covered(lo, view.compute) - view.covered(np.concatenate([[-np.inf], hi[:-1]]), view.compute)
     idle -= np.maximum(0.0, _inside(view, later_gathers, lo, hi) - before)
+    first_launch = view.launch[first]
     gpu_idle = view.idle(lo, hi, iv.union(view.gpu.start, view.gpu.end))
     order = np.argsort(ends, kind="stable")
     first_member = np.searchsorted(ends[order], lo - STARVED_LAUNCH_US, side="right")
@@ -194,11 +233,17 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> np.ndar
         for owner in sorted({owners[m] for m in members.tolist()}):
             mine = members[[owners[m] == owner for m in members.tolist()]]
             later = members[(ends[members] > ends[mine[0]]) & np.array([owners[m] != owner for m in members])]
+            # the step's first all-gather is waited for anyway, unless the host issued it after this owner's
+            # first call returned: then it moves earlier with the host and hides behind the queued compute
+            fixed = first[first_launch <= ends[mine].min()]
+            waited = _inside(view, iv.union(view.gpu.start[fixed], view.gpu.end[fixed]), lo[n : n + 1],
+                             hi[n : n + 1])[0] if len(fixed) else 0.0
             # the optimizer needs the reduced gradients: only the epilogue's own overhead, once the GPU is idle
-            bound = gpu_idle[n] if owner.startswith(WAITED_FOR) else idle[n]
+            bound = gpu_idle[n] if owner.startswith(WAITED_FOR) else idle[n] - waited
             saved = min(bound, max(0.0, blocked[mine].sum() - blocked[later].sum()))
             cost[mine] += saved * blocked[mine] / max(blocked[mine].sum(), 1e-9)
-    return cost
+            boundary[mine] = windows[n].boundary
+    return cost, boundary
 
 
 def _inside(view: RankView, a: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -237,6 +282,21 @@ def owner_of(s: Sync) -> str:
     return next(rule for rule, match in OWNERS if match(s))
 
 
+def _per_step(view: RankView, cost: np.ndarray, boundary: np.ndarray, times: np.ndarray) -> tuple[float, list[int]]:
+    """Mean cost per step: inside steps over the profiled steps; at step boundaries over the boundaries the trace
+    shows whole (not the first profiled step's: the calls and compute before it ran before the profiler
+    started, so what delayed that window and what could have hidden its gathers are not in the trace)."""
+    inside = boundary < 0
+    per_step, steps = view.per_step(cost[inside], times[inside])
+    first = min(view.step_numbers, default=None)
+    seen = ~inside & (boundary != first)
+    if seen.any() and view.n_steps > 1:
+        more, more_steps = view.per_step(cost[seen], times[seen])
+        per_step += more * view.n_steps / (view.n_steps - 1)
+        steps = sorted(set(steps) | set(more_steps))
+    return per_step, steps
+
+
 @rank_rule
 def sync_findings(view: RankView) -> list[dict[str, Any]]:
     """One finding per sync rule (per call site for generic host syncs)."""
@@ -244,11 +304,11 @@ def sync_findings(view: RankView) -> list[dict[str, Any]]:
     rules = [owner_of(s) for s in syncs]
     keys = [f"{s.call} @ {s.site.get('frame')}" if r == "host-sync" else "" for s, r in zip(syncs, rules, strict=True)]
     owners = [f"{r}|{k}" for r, k in zip(rules, keys, strict=True)]
-    cost = chain_costs(view, syncs, owners)
+    cost, boundary = chain_costs(view, syncs, owners)
     out = []
     for owner in dict.fromkeys(owners):
-        idx = [i for i, o in enumerate(owners) if o == owner]
-        per_step, steps = view.per_step(cost[idx], np.array([syncs[i].start for i in idx]))
+        idx = np.array([i for i, o in enumerate(owners) if o == owner])
+        per_step, steps = _per_step(view, cost[idx], boundary[idx], np.array([syncs[i].start for i in idx]))
         rule, key = owner.split("|", 1)
         if rule == "offload-blocking-copy":
             per_step = max(0.0, per_step - pinned_copy_tail(view))

@@ -32,7 +32,7 @@ def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float, measure:
         step_us = None
         if measure:
             without = cfg.with_overrides(cause.counterfactual(cfg))
-            step_us = round(mean_step_time(set_truth(simulate(without), [""] * without.world_size)), 3)
+            step_us = round(mean_step_time(simulate(without)), 3)
         out.append({"rule": rule, "cost_us": None if step_us is None else round(base_step_us - step_us, 3),
                     "fix": cause.fix(cfg), "ranks": cause.ranks(cfg), "step_time_without_us": step_us})
     return sorted(out, key=lambda c: -(c["cost_us"] or 0.0))
@@ -44,7 +44,7 @@ def free_comm(cfg: SimConfig, base_step_us: float) -> dict[str, float]:
     out = {}
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         free = cfg.with_overrides({"free_collectives": (kind,)})
-        out[kind] = round(base_step_us - mean_step_time(set_truth(simulate(free), [""] * free.world_size)), 3)
+        out[kind] = round(base_step_us - mean_step_time(simulate(free)), 3)
     return out
 
 
@@ -52,7 +52,7 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
     """Simulate `cfg`; return the result and its truth.json document (`costs`: run the counterfactuals)."""
     result = simulate(cfg)
     ranks = set_truth(result, [trace_name(r) for r in range(cfg.world_size)])
-    step_us = mean_step_time(ranks)
+    step_us = mean_step_time(result)
     config = asdict(cfg)
     config["model"]["parameters"] = cfg.model.parameters
     doc = {

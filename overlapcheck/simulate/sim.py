@@ -30,6 +30,7 @@ class RankRun:
     syncs: list[SyncEvent]
     gpu: list[GpuOp]
     window: tuple[float, float]
+    period_us: float = 0.0  # mean time between the ends of consecutive steps' GPU work (profiled steps)
 
     def ts(self, t: float) -> float:
         """A simulator time as written in the trace (µs, 3 decimals, this node's clock)."""
@@ -67,16 +68,26 @@ def simulate(cfg: SimConfig) -> SimResult:
 
 
 def _program(rank_step: RankStep, cfg: SimConfig, marks: list[float]):
+    """Runs every step; `marks` gets each step's host start and the end of the last one."""
     first = cfg.first_step - WARMUP_STEPS
     for step in range(first, cfg.first_step + cfg.steps):
-        if step == cfg.first_step:
-            marks.append(rank_step.host.t)  # profiler window starts with the first profiled step
+        marks.append(rank_step.host.t)
         yield from rank_step.step(step)
     marks.append(rank_step.host.t)
 
 
+def step_period(device: Device, marks: list[float], profiled: int) -> float:
+    """Mean time per profiled step between the ends of consecutive steps' GPU work (a step's work: what its
+    host step launched). Unlike a step's own GPU duration, it does not count work that overlapped the previous
+    step (a first all-gather issued while the previous optimizer step still ran) as step time: it is the
+    throughput a change of the job would alter."""
+    ends = [max((op.end for op in device.ops if lo <= op.launch_ts < hi), default=lo)
+            for lo, hi in zip(marks[:-1], marks[1:], strict=False)]
+    return (ends[-1] - ends[-1 - profiled]) / profiled
+
+
 def _window(cfg: SimConfig, rank: int, host: Host, device: Device, marks: list[float]) -> RankRun:
-    start, end = marks
+    start, end = marks[WARMUP_STEPS], marks[-1]
     cpu = []
     for ev in host.cpu:
         if ev.ts + ev.dur < start or ev.ts > end:
@@ -89,4 +100,5 @@ def _window(cfg: SimConfig, rank: int, host: Host, device: Device, marks: list[f
     offsets = cfg.clock_offset_us
     node = rank // cfg.gpus_per_node
     return RankRun(rank, node, rank % cfg.gpus_per_node, host.pid, host.main_tid, host.autograd_tid,
-                   offsets[node] if node < len(offsets) else 0.0, cpu, syncs, gpu, (start, end))
+                   offsets[node] if node < len(offsets) else 0.0, cpu, syncs, gpu, (start, end),
+                   step_period(device, marks, cfg.steps))

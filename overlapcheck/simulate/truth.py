@@ -157,7 +157,6 @@ def set_truth(result: SimResult, sources: list[str]) -> list[dict[str, Any]]:
     return ranks
 
 
-def mean_step_time(ranks: list[dict[str, Any]]) -> float:
-    """Mean over ranks of the rank's step time per profiled step (the cost unit of causes)."""
-    per_rank = [r["step_time_us"] / max(len(r["steps"]), 1) for r in ranks]
-    return sum(per_rank) / len(per_rank)
+def mean_step_time(result: SimResult) -> float:
+    """Mean over ranks of the step period (sim.step_period): the cost unit of causes."""
+    return sum(r.period_us for r in result.ranks) / len(result.ranks)
