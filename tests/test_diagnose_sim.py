@@ -78,7 +78,8 @@ def test_explained_share_is_reported_for_a_planted_cause() -> None:
     assert 0.5 <= report["findings_explain_share"] <= 1.0
 
 
-@pytest.mark.parametrize("scenario", ["bucket-too-large+straggler", "comms-logger+straggler"])
+@pytest.mark.parametrize("scenario", ["bucket-too-large+straggler", "comms-logger+straggler",
+                                      "throughput-timer+straggler"])
 def test_combined_presets_list_each_planted_cause(scenario: str, tmp_path: Path) -> None:
     from overlapcheck.simulate import generate
 
@@ -89,3 +90,7 @@ def test_combined_presets_list_each_planted_cause(scenario: str, tmp_path: Path)
         assert cause["rule"] in found, f"{cause['rule']} not found; findings: {list(found)}"
         assert found[cause["rule"]]["fix"] == cause["fix"]
         assert found[cause["rule"]]["severity"] in ("critical", "warning")
+    first, second = truth["causes"][:2]  # sorted by cost; ranked the same when the costs are clearly apart
+    if first["cost_us"] > (1 + TOLERANCE) * second["cost_us"]:
+        ranked = [f["rule"] for f in report["findings"]]
+        assert ranked.index(first["rule"]) < ranked.index(second["rule"])

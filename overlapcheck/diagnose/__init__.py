@@ -55,10 +55,12 @@ def merge_findings(report: dict[str, Any], config: dict[str, Any] | None) -> tup
               if f["rule"] not in registry.INHERENT or f["cost_us"] >= registry.INHERENT_MIN_US]  # fmt: skip
     for rule in registry.CROSS_RULES:
         merged.extend(rule(report, config))
+    _paced_by_straggler(merged)
     _drop_applied(merged, config, report.get("run"))
     step_us = _mean([r["step_time_us"] / max(1, len(r.get("steps") or [])) for r in ranks if r.get("step_time_us")])
     for f in merged:
         f.pop("_key", None)
+        f.pop("_rank_costs", None)
         if f.get("severity") is None or f["rule"] in registry.SEVERITY_CAP or f["rule"] in registry.SEVERITY_SHARES:
             shares = registry.SEVERITY_SHARES.get(f["rule"])
             f["severity"] = severity_of(f["cost_us"], step_us, registry.SEVERITY_CAP.get(f["rule"]),
@@ -74,6 +76,7 @@ def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(worst)
     costs = {r: f["cost_us"] for f in group for r in f["ranks"]}
     out["cost_us"] = round(_mean(list(costs.values())), 3)
+    out["_rank_costs"] = costs
     out["ranks"] = sorted(costs)
     out["steps"] = sorted({s for f in group for s in f["steps"]})
     evidence = dict(worst["evidence"])
@@ -83,6 +86,20 @@ def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
                                             "max": values[-1], "worst_rank": max(costs, key=costs.get)}  # fmt: skip
     out["evidence"] = evidence
     return out
+
+
+def _paced_by_straggler(findings: list[dict[str, Any]]) -> None:
+    """With a straggler, every collective waits for it, so the step runs at the straggler's pace: a per-rank
+    cause costs the job what it costs on the straggler's rank. Elsewhere its measured cost includes the time
+    that rank waits inside collectives for the straggler, which the straggler finding already counts."""
+    slow = next((f["ranks"][0] for f in findings if f["rule"] == "straggler" and f["ranks"]), None)
+    if slow is None:
+        return
+    for f in findings:
+        costs = f.get("_rank_costs") or {}
+        if slow in costs and len(costs) > 1:
+            f["cost_us"] = round(costs[slow], 3)
+            f["evidence"] = {**f["evidence"], "cost_from_rank": slow}
 
 
 def _explained(ranks: list[dict[str, Any]], findings: list[dict[str, Any]]) -> float | None:
