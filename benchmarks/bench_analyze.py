@@ -46,7 +46,8 @@ def _hta_folder(path: str, tmp: str) -> str:
     return folder
 
 
-def bench_input(inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str, hta_timeout: float) -> dict[str, Run]:
+def bench_input(inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str, hta_timeout: float,
+                only: set[str] | None = None) -> dict[str, Run]:  # fmt: skip
     out = os.path.join(tmp, "report.json")
     runs: dict[str, list[str]] = {
         "analyze": _analyze([inp.path], out),
@@ -63,6 +64,8 @@ def bench_input(inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str, hta_t
         runs["gunzip (isal)"] = [PY, "-c", _GUNZIP.format(imp="from isal import igzip", opener="igzip.open"), inp.gz]
     results = {}
     for name, argv in runs.items():
+        if only and name not in only:
+            continue
         limit = hta_timeout if name == "HTA" else 3600
         results[name] = best([measure(name, argv, timeout=limit) for _ in range(repeat)])
         _print_run(results[name], inp.size)
@@ -95,7 +98,9 @@ def _print_run(r: Run, size: int) -> None:
 
 def ratios(res: dict[str, Run], size: int, which: str) -> dict[str, float | None]:
     """How `which` (an analyze run) compares: x faster in wall time (and in CPU time), memory per file byte."""
-    a = res[which]
+    a = res.get(which)
+    if a is None:
+        return {}
 
     def faster(name: str, cpu: bool = False) -> float | None:
         """other / analyze; negative when `other` hit the time limit (then it is a lower bound, shown as >=)."""
@@ -126,14 +131,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-max-mb", type=int, default=1024,
                         help="skip HTA, json.load and orjson above this size (they need 6-8x the file in memory)")
     parser.add_argument("--hta-timeout", type=float, default=600, help="stop HTA after this many seconds")
+    parser.add_argument("--only", help="comma-separated rows to run, e.g. 'analyze (proposed),HTA'")
+    parser.add_argument("--min-mb", type=int, default=0, help="skip inputs smaller than this")
     args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
     print(f"building inputs in {I.DATA} ...", flush=True)
     todo = I.build(args.quick, args.big)
     report: dict = {"cpus": os.cpu_count(), "inputs": []}
     with tempfile.TemporaryDirectory() as tmp:
         for inp in todo:
             print(f"\n{inp.name}: {inp.path} ({inp.size / MB:.0f} MB)", flush=True)
-            res = bench_input(inp, args.repeat, args.baseline_max_mb, tmp, args.hta_timeout)
+            if args.min_mb and inp.size < args.min_mb * MB:
+                continue
+            res = bench_input(inp, args.repeat, args.baseline_max_mb, tmp, args.hta_timeout, only)
             rat = {which: ratios(res, inp.size, which) for which in ("analyze", "analyze (proposed)")}
             for which, values in rat.items():
                 print(f"  {which}:")
@@ -149,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         for inp in todo:
             if inp.size > 1500 * MB:
                 os.remove(inp.path)
-    with open(os.path.join(I.DATA, "results.json"), "w") as f:
+    name = "results.json" if not (only or args.min_mb) else "results-partial.json"
+    with open(os.path.join(I.DATA, name), "w") as f:
         json.dump(report, f, indent=1)
 
 
