@@ -2,35 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
 from overlapcheck.errors import UserError
 
 
-def atomic_write(path: str, data: str | bytes, force: bool = False) -> None:
-    """Write `data` to `path` through a temp file in the same folder and a rename.
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = False, durable: bool = True) -> None:
+    """Write `data` to `path` through a temp file in the same folder and a rename, so that readers see either
+    the old file or the whole new one.
 
-    Raises UserError when `path` exists and `force` is false, or when the folder cannot be written.
+    Raises UserError when `path` exists and `force` is false, or when its folder cannot be written.
+    `durable` fsyncs before the rename (reports); capture's own status files skip it (a sync per file costs
+    the training step ~100 ms on a busy disk, and they are rewritten anyway).
     """
-    if os.path.exists(path) and not force:
+    path = os.fspath(path)
+    if not force and os.path.exists(path):
         raise UserError("already exists; pass --force to overwrite it", path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UserError("its folder does not exist", path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".overlapcheck-", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise UserError(f"cannot write: {exc.strerror}", path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from typing import Any
+
+from overlapcheck.fsutil import atomic_write
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)  # no fsync: readers need a whole file, not one that survives a power cut
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
+    """Write `data` to `path` so that readers see either the old file or the whole new one (replacing it)."""
+    atomic_write(path, data, force=True, durable=False)
 
 
 def atomic_write_json(path: str, obj: Any) -> None:
@@ -34,8 +25,3 @@ def read_json(path: str) -> Any | None:
             return json.load(fh)
     except (OSError, ValueError):
         return None
-
-
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from overlapcheck.fsutil import atomic_write
 from overlapcheck.simulate.collectives import ProcessGroup
 from overlapcheck.simulate.config import SimConfig
 from overlapcheck.simulate.engine import GpuOp
@@ -154,25 +153,10 @@ def _metadata(cfg: SimConfig, run: RankRun) -> list[dict[str, Any]]:
     return out
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_trace(cfg: SimConfig, run: RankRun, path: Path) -> None:
     raw = json.dumps(trace_document(cfg, run), separators=(",", ":")).encode()
-    atomic_write_bytes(path, gzip.compress(raw, compresslevel=9, mtime=0))
+    atomic_write(path, gzip.compress(raw, compresslevel=9, mtime=0), force=True, durable=False)
 
 
 def write_json(path: Path, doc: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
+    atomic_write(path, json.dumps(doc, indent=1) + "\n", force=True, durable=False)
