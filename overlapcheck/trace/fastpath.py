@@ -23,7 +23,7 @@ from overlapcheck.trace.events import EVENTS_DECODER
 from overlapcheck.trace.jsonstream import TraceStream
 from overlapcheck.trace.model import ModelBuilder, TraceModel
 
-MIN_BYTES = 64 << 20  # below this, starting processes costs more than it saves
+MIN_BYTES = 256 << 20  # below this, the processes cost about what they save (measured: docs/performance.md)
 
 
 class _BadRun(Exception):
