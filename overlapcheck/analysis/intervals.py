@@ -63,10 +63,11 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 
 
 def intersection_length(a: Intervals, b: Intervals) -> float:
-    """|A ∩ B| = |A| + |B| − |A ∪ B| (both already disjoint)."""
+    """|A ∩ B| = |A| + |B'| − |A ∪ B'| (both already disjoint), B' = the part of B that can meet A."""
     if not len(a) or not len(b):
         return 0.0
-    return length(a) + length(b) - length(combine(a, b))
+    b = _window(b, a.starts[0], a.ends[-1])
+    return length(a) + length(b) - length(combine(a, b)) if len(b) else 0.0
 
 
 def clip(a: Intervals, lo: float, hi: float) -> Intervals:
@@ -78,12 +79,20 @@ def _sweep(a: Intervals, b: Intervals, keep) -> Intervals:
     """Elementary segments between all boundaries of A and B, kept where keep(in_a, in_b), merged."""
     if not len(a):
         return EMPTY
+    b = _window(b, a.starts[0], a.ends[-1])  # the rest of B cannot change A ∩ B or A − B
     bounds = np.unique(np.concatenate([a.starts, a.ends, b.starts, b.ends]))
     lo, hi = bounds[:-1], bounds[1:]
     ina = _covered(a, lo)
     inb = _covered(b, lo) if len(b) else np.zeros(len(lo), dtype=bool)
     mask = keep(ina, inb)
     return union(lo[mask], hi[mask])
+
+
+def _window(b: Intervals, lo: float, hi: float) -> Intervals:
+    """The intervals of B (sorted, disjoint) that meet [lo, hi): two binary searches, no copy."""
+    i = int(np.searchsorted(b.ends, lo, side="right"))
+    j = int(np.searchsorted(b.starts, hi, side="left"))
+    return Intervals(b.starts[i:j], b.ends[i:j])
 
 
 def _covered(a: Intervals, points: np.ndarray) -> np.ndarray:

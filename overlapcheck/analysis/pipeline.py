@@ -92,13 +92,13 @@ class Options:
     config: dict[str, Any] | None = None
 
 
-def analyze_trace(path: str, options: Options | None = None,
-                  progress: Callable[[int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def analyze_trace(path: str, options: Options | None = None, progress: Callable[[int], None] | None = None,
+                  workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """One trace file -> its RANK document (with `_findings` / `_timeline` extras when asked).
 
-    `progress(n)` is called with the number of file bytes read so far."""
+    `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
     options = options or Options()
-    model = load_trace(path, progress)
+    model = load_trace(path, progress, workers)
     rank = analyze_model(model)
     if options.diagnose:
         from overlapcheck.diagnose import rank_findings
@@ -114,9 +114,10 @@ def analyze_trace(path: str, options: Options | None = None,
 Result = tuple[str, dict[str, Any] | None, str | None]  # (source, RANK document or None, error or None)
 
 
-def _worker(path: str, options: Options, progress: Callable[[int], None] | None = None) -> Result:
+def _worker(path: str, options: Options, progress: Callable[[int], None] | None = None,
+            workers: int = 1) -> Result:  # fmt: skip
     try:
-        return path, analyze_trace(path, options, progress), None
+        return path, analyze_trace(path, options, progress, workers), None
     except UserError as exc:
         return path, None, str(exc)
     except MemoryError:
@@ -144,7 +145,8 @@ def analyze_paths(
     for path in inputs.summaries:
         results.extend(_read_summary(path))
         advance(os.path.getsize(path))
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(inputs.traces)))
+    cores = jobs or os.cpu_count() or 1
+    jobs = max(1, min(cores, len(inputs.traces)))
     if jobs == 1:
         for path in inputs.traces:
             seen = [0]
@@ -153,11 +155,13 @@ def analyze_paths(
                 advance(n - seen[0])
                 seen[0] = n
 
-            results.append(_worker(path, options, progress))
+            # a single file gets every core (fewer files than cores: see the pool below)
+            results.append(_worker(path, options, progress, cores if len(inputs.traces) == 1 else 1))
             advance(os.path.getsize(path) - seen[0])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_worker, path, options) for path in inputs.traces]
+            per_file = max(1, cores // len(inputs.traces))  # 2 files on 8 cores: 4 processes decode each
+            futures = [pool.submit(_worker, path, options, None, per_file) for path in inputs.traces]
             for fut in as_completed(futures):
                 results.append(fut.result())
                 advance(os.path.getsize(results[-1][0]))

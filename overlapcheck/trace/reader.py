@@ -16,8 +16,15 @@ from overlapcheck.trace.model import ModelBuilder, TraceModel
 _RANK_IN_NAME = re.compile(r"(?<![a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
 
-def load_trace(path: str, progress: Callable[[int], None] | None = None) -> TraceModel:
-    """Stream `path` (.json or .json.gz) into a TraceModel. Raises UserError for anything that is not a trace."""
+def load_trace(path: str, progress: Callable[[int], None] | None = None, workers: int = 1) -> TraceModel:
+    """Stream `path` (.json or .json.gz) into a TraceModel. Raises UserError for anything that is not a trace.
+
+    With `workers` > 1, a big file is decoded by that many processes (the same model, see trace/fastpath.py)."""
+    if workers > 1:
+        from overlapcheck.trace import fastpath
+
+        if fastpath.worth_parallel(path):
+            return fastpath.load_parallel(path, workers, progress)
     stream = TraceStream(path, EVENTS_DECODER, progress)
     builder = ModelBuilder(path)
     for batch in stream.batches():
