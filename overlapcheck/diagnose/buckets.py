@@ -30,10 +30,7 @@ def backward_end(view: RankView) -> dict[int, float]:
         return {}
     rt_thread = _launch_thread(view)
     sel = view.is_compute & (view.gpu_step >= 0) & (rt_thread >= 0) & ~np.isin(rt_thread, list(main))
-    out: dict[int, float] = {}
-    for step in np.unique(view.gpu_step[sel]).tolist():
-        out[int(step)] = float(view.launch[sel & (view.gpu_step == step)].max())
-    return out
+    return {step: float(view.launch[rows].max()) for step, rows in view.group_by_step(np.flatnonzero(sel)).items()}
 
 
 def _launch_thread(view: RankView) -> np.ndarray:
@@ -61,15 +58,23 @@ def launched_in(view: RankView, function: str) -> np.ndarray:
     return (i >= 0) & (view.launch < spans.ends[np.maximum(i, 0)])
 
 
-def last_bucket_fraction(view: RankView, mask: np.ndarray, bucket_elems: int, elems_per_step: int) -> float:
+def _gradient_copies(view: RankView) -> np.ndarray:
+    """Mask of the device-to-device copies with a size: gradients copied into a bucket."""
+    g = view.gpu
+    dtod = view.name_mask(g.name, lambda n: "DtoD" in n or "Device -> Device" in n)
+    return (g.cls == C.MEMCPY) & (g.nbytes > 0) & dtod
+
+
+def last_bucket_fraction(view: RankView, rows: np.ndarray, bucket_elems: int, elems_per_step: int,
+                         gradient_copies: np.ndarray | None = None) -> float:  # fmt: skip
     """Share of the step's gradient volume that would be in the last bucket with `bucket_elems` buckets.
 
     DeepSpeed flushes when `elements + numel > reduce_bucket_size` (stage3.py
     reduce_independent_p_g_buckets_and_remove_grads), so the last bucket is what is left after the last flush.
-    Gradients are the device-to-device copies into the bucket (`__add_grad_to_ipg_bucket` copy_), in order."""
+    Gradients are the device-to-device copies into the bucket (`__add_grad_to_ipg_bucket` copy_), in order.
+    `rows`: the step's GPU rows (ascending); `gradient_copies`: `_gradient_copies(view)`, when already known."""
     g = view.gpu
-    copies = np.flatnonzero(mask & (g.cls == C.MEMCPY) & (g.nbytes > 0) &
-                            view.name_mask(g.name, lambda n: "DtoD" in n or "Device -> Device" in n))  # fmt: skip
+    copies = rows[(_gradient_copies(view) if gradient_copies is None else gradient_copies)[rows]]
     if not len(copies) or elems_per_step <= 0:
         return min(1.0, bucket_elems / elems_per_step) if elems_per_step > 0 else 1.0
     sizes = g.nbytes[copies[np.argsort(view.launch[copies], kind="stable")]].astype(np.float64)
@@ -91,6 +96,16 @@ def held_first_gathers_exposed(view: RankView) -> float:
         return 0.0
     exposed = iv.subtract(iv.subtract(iv.union(g.start[held], g.end[held]), view.compute), view.first_gather_waits)
     return iv.length(exposed) / view.n_steps
+
+
+def _per_row(per_step: dict[int, float], steps: np.ndarray) -> np.ndarray:
+    """`per_step[step]` for each row's step (inf where the step has none)."""
+    if not per_step:
+        return np.full(len(steps), np.inf)
+    keys = np.array(sorted(per_step), dtype=np.int64)
+    values = np.array([per_step[k] for k in keys.tolist()], dtype=np.float64)
+    i = np.clip(np.searchsorted(keys, steps), 0, len(keys) - 1)
+    return np.where(keys[i] == steps, values[i], np.inf)
 
 
 def recommended_bucket(params: int | None) -> int:
@@ -116,7 +131,7 @@ def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
     params, params_src = parameter_count(view)
     elems_step = int(g.nelems[rs].clip(0).sum() / view.n_steps) or params or 0
     if ends:
-        after = rs & (view.launch > np.array([ends.get(int(s), np.inf) for s in view.gpu_step]))
+        after = rs & (view.launch > _per_row(ends, view.gpu_step))
     else:
         after = rs if (params is not None and bucket >= params) else np.zeros(len(g), dtype=bool)
     weight = g.nelems if (g.nelems[rs] > 0).all() else g.end - g.start  # sizes are missing before torch 2.2
@@ -125,10 +140,12 @@ def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
         return []
     target = recommended_bucket(params)
     costs, steps = [], []
+    copies = _gradient_copies(view)
     for step in np.unique(view.gpu_step[after]).tolist():
-        sel = after & (view.gpu_step == step)
+        rows = view.step_rows[step]
+        sel = rows[after[rows]]
         exposed = iv.length(iv.subtract(iv.union(g.start[sel], g.end[sel]), view.compute))
-        frac = last_bucket_fraction(view, (view.gpu_step == step), target, elems_step)
+        frac = last_bucket_fraction(view, rows, target, elems_step, copies)
         costs.append(exposed * (1.0 - frac))
         steps.append(int(step))
     cost = sum(costs) / view.n_steps
@@ -174,10 +191,12 @@ def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
     serial = (on_compute if on_compute.any() else rs) | copies | reduction
     compute = iv.union(g.start[view.is_compute & ~reduction], g.end[view.is_compute & ~reduction])
     costs, steps = [], []
+    grads = _gradient_copies(view)
     for step in np.unique(view.gpu_step[rs]).tolist():
-        sel = serial & (view.gpu_step == step)
+        rows = view.step_rows[step]
+        sel = rows[serial[rows]]
         exposed = iv.length(iv.subtract(iv.union(g.start[sel], g.end[sel]), compute))
-        frac = last_bucket_fraction(view, view.gpu_step == step, bucket, elems_step)
+        frac = last_bucket_fraction(view, rows, bucket, elems_step, grads)
         costs.append(exposed * (1.0 - frac))
         steps.append(int(step))
     held_exposed = held_first_gathers_exposed(view)

@@ -10,6 +10,8 @@ to synchronize.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,8 +24,10 @@ _LIBRARY = re.compile(r"(^|/)(torch|torchvision|numpy|transformers|accelerate|ap
 _DS_PLUMBING = re.compile(r"deepspeed/(accelerator/|utils/nvtx\.py|runtime/compiler\.py|utils/debug\.py)")
 
 
+@lru_cache(maxsize=1 << 16)
 def parse_frame(name: str) -> tuple[str, int, str] | None:
-    """(file, line, function) of a python_function name, None for built-ins and module frames."""
+    """(file, line, function) of a python_function name, None for built-ins and module frames (memoized: a
+    trace has few distinct frames, seen at many times)."""
     m = _FRAME.match(name)
     return (m.group("file"), int(m.group("line")), m.group("func")) if m else None
 
@@ -56,53 +60,71 @@ class CallSites:
         self.names = names
         o = model.ops
         self.has_stacks = bool(len(o)) and bool((o.kind == PYTHON).any())
-        self._threads: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._threads: dict[tuple[int, bool], tuple[list[int], list[float], list[float], list[int]]] = {}
+        self._sites: dict[tuple[bool, tuple[int, ...]], tuple[object, list[str]]] = {}
 
-    def _nesting(self, thread: int, python: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Scopes of one thread sorted by start (outer first on ties), with each one's parent index."""
+    def _nesting(self, thread: int, python: bool) -> tuple[list[int], list[float], list[float], list[int]]:
+        """Scopes of one thread sorted by start (outer first on ties): interned names, starts, ends and each
+        one's parent index (Python lists: the queries walk them one element at a time)."""
         key = (thread, python)
         if key not in self._threads:
             o = self.model.ops
             sel = (o.thread == thread) & ((o.kind == PYTHON) if python else (o.kind != PYTHON))
             idx = np.flatnonzero(sel)
             idx = idx[np.lexsort((-o.end[idx], o.start[idx]))]
-            start, end = o.start[idx], o.end[idx]
-            parent = np.full(len(idx), -1, dtype=np.int64)
+            starts, ends = o.start[idx].tolist(), o.end[idx].tolist()
+            parents = [-1] * len(idx)
             stack: list[int] = []
-            for k in range(len(idx)):  # one pass; scopes of one thread nest
-                s = start[k]
-                while stack and end[stack[-1]] <= s:
+            for k, s in enumerate(starts):  # one pass; scopes of one thread nest
+                while stack and ends[stack[-1]] <= s:
                     stack.pop()
                 if stack:
-                    parent[k] = stack[-1]
+                    parents[k] = stack[-1]
                 stack.append(k)
-            self._threads[key] = (idx, start, end, parent)
+            self._threads[key] = (o.name[idx].tolist(), starts, ends, parents)
         return self._threads[key]
 
     def stack(self, thread: int, t: float, python: bool = True) -> list[str]:
         """Names of the scopes enclosing time t on a thread, innermost first."""
-        idx, start, end, parent = self._nesting(thread, python)
-        k = int(np.searchsorted(start, t, side="right")) - 1
+        return [str(self.names[n]) for n in self._open(thread, t, python)]
+
+    def _open(self, thread: int, t: float, python: bool) -> tuple[int, ...]:
+        """Interned names of the scopes enclosing time t on a thread, innermost first."""
+        names, start, end, parent = self._nesting(thread, python)
+        k = bisect_right(start, t) - 1
         # the open scopes at t are the latest-starting scope before t and its ancestors, minus closed ones
         while k >= 0 and end[k] <= t:
-            k = int(parent[k])
-        out: list[str] = []
+            k = parent[k]
+        out: list[int] = []
         while k >= 0:
-            out.append(str(self.names[self.model.ops.name[idx[k]]]))
-            k = int(parent[k])
-        return out
+            out.append(names[k])
+            k = parent[k]
+        return tuple(out)
 
     def site(self, thread: int, t: float) -> dict[str, object]:
         """The call site of a call at time t on a thread: `frame` (innermost DeepSpeed/user frame, or the
         enclosing ops without stacks) and `stack` (DeepSpeed and user frames, innermost first)."""
         if self.has_stacks:
-            frames = self.stack(thread, t, python=True)
+            frames = self._open(thread, t, python=True)
             if frames:
-                useful = [f for f in frames if is_deepspeed(f) or is_user(f)]
-                site = next((f for f in frames if is_site(f)), useful[0] if useful else frames[0])
-                return {"frame": _short(site), "stack": [_short(f) for f in useful[:12]]}
-        ops = [op for op in self.stack(thread, t, python=False) if not op.startswith("ProfilerStep#")]
-        return {"frame": " < ".join(ops[:3]) if ops else None, "stack": ops[:12]}
+                frame, stack = self._site(True, frames)
+                return {"frame": frame, "stack": list(stack)}
+        frame, stack = self._site(False, self._open(thread, t, python=False))
+        return {"frame": frame, "stack": list(stack)}
+
+    def _site(self, python: bool, scopes: tuple[int, ...]) -> tuple[object, list[str]]:
+        """`site`'s frame and stack for one stack of interned scope names (memoized per distinct stack)."""
+        key = (python, scopes)
+        if key not in self._sites:
+            names = [str(self.names[n]) for n in scopes]
+            if python:
+                useful = [f for f in names if is_deepspeed(f) or is_user(f)]
+                site = next((f for f in names if is_site(f)), useful[0] if useful else names[0])
+                self._sites[key] = (_short(site), [_short(f) for f in useful[:12]])
+            else:
+                ops = [op for op in names if not op.startswith("ProfilerStep#")]
+                self._sites[key] = (" < ".join(ops[:3]) if ops else None, ops[:12])
+        return self._sites[key]
 
 
 def _short(frame: str) -> str:
@@ -115,10 +137,15 @@ def _short(frame: str) -> str:
 
 def functions(stack: list[str]) -> set[str]:
     """Function names on a stack of frames (`fetch_sub_module`, `__reduce_and_partition_ipg_grads`, ...)."""
+    return set(_functions(tuple(stack)))
+
+
+@lru_cache(maxsize=1 << 12)
+def _functions(stack: tuple[str, ...]) -> frozenset[str]:
     out = set()
     for f in stack:
         parsed = parse_frame(f)
         if parsed:
             out.add(parsed[2])
             out.add(f"{short_file(parsed[0]).rsplit('/', 1)[-1]}:{parsed[2]}")
-    return out
+    return frozenset(out)

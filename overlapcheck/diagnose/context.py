@@ -80,6 +80,24 @@ class RankView:
         return self.step_of(self.launch)
 
     @cached_property
+    def step_rows(self) -> dict[int, np.ndarray]:
+        """GPU rows of each step (by `gpu_step`, -1 included), ascending: one sort instead of a mask per step."""
+        return self.group_by_step(np.arange(len(self.gpu)))
+
+    def group_by_step(self, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """`rows` (ascending GPU row indices) split by their step, in step order, each group still ascending."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return {}
+        steps = self.gpu_step[rows]
+        order = np.argsort(steps, kind="stable")
+        rows, steps = rows[order], steps[order]
+        cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
+        starts = np.concatenate([[0], cuts]).tolist()
+        ends = [*cuts.tolist(), len(rows)]
+        return {int(steps[a]): rows[a:b] for a, b in zip(starts, ends, strict=True)}
+
+    @cached_property
     def is_compute(self) -> np.ndarray:
         return self.gpu.cls == C.COMPUTE
 

@@ -49,15 +49,16 @@ class Sync:
 def host_syncs(view: RankView) -> list[Sync]:
     """Every host-blocking call of the rank, with its call site."""
     rt = view.model.runtime
-    idx = list(view.runtime_named(*SYNC_CALLS))
-    idx += _blocking_copies(view)
+    starts = rt.start.tolist()
+    idx = np.array(sorted({*view.runtime_named(*SYNC_CALLS).tolist(), *_blocking_copies(view)},
+                          key=starts.__getitem__), dtype=np.int64)  # fmt: skip
+    sites = view.callsites
     out = []
-    for i in sorted(set(idx), key=lambda i: rt.start[i]):
+    for i, start, end, thread, name in zip(idx.tolist(), rt.start[idx].tolist(), rt.end[idx].tolist(),
+                                           rt.thread[idx].tolist(), rt.name[idx].tolist(), strict=True):  # fmt: skip
         mid = 0.5 * (rt.start[i] + rt.end[i])
-        site = view.callsites.site(int(rt.thread[i]), mid)
-        stack = view.callsites.stack(int(rt.thread[i]), mid) if view.callsites.has_stacks else []
-        out.append(Sync(float(rt.start[i]), float(rt.end[i]), int(rt.thread[i]), view.names[rt.name[i]], site,
-                        functions(stack)))  # fmt: skip
+        stack = sites.stack(thread, mid) if sites.has_stacks else []
+        out.append(Sync(start, end, thread, view.names[name], sites.site(thread, mid), functions(stack)))
     out += _orphan_sync_events(view)
     return out
 
@@ -83,13 +84,12 @@ def _orphan_sync_events(view: RankView) -> list[Sync]:
     s = view.model.syncs
     if not len(s):
         return []
-    known = set(view.model.runtime.correlation.tolist())
-    out = []
-    for i in range(len(s)):
-        kind = view.names[s.name[i]]
-        if kind in BLOCKING_SYNC_KINDS and int(s.correlation[i]) not in known:
-            out.append(Sync(float(s.start[i]), float(s.end[i]), -1, kind, {"frame": None, "stack": []}, set()))
-    return out
+    orphan = view.name_mask(s.name, lambda n: n in BLOCKING_SYNC_KINDS)
+    orphan &= ~np.isin(s.correlation, view.model.runtime.correlation)
+    rows = np.flatnonzero(orphan)
+    return [Sync(start, end, -1, view.names[name], {"frame": None, "stack": []}, set())
+            for start, end, name in zip(s.start[rows].tolist(), s.end[rows].tolist(), s.name[rows].tolist(),
+                                        strict=True)]  # fmt: skip
 
 
 # -- which rule owns a sync ----------------------------------------------------------------------------------
@@ -206,12 +206,7 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> tuple[n
     windows = held_windows(view, starvation_windows(view))
     if not windows:
         return cost, boundary
-    for step in view.rank.get("steps") or []:  # windows from the step's GPU start to its first compute-stream kernel
-        mine = view.is_compute & (view.gpu.stream == view.compute_stream) & (view.gpu_step == int(step["step"]))
-        first_compute = float(view.gpu.start[mine].min()) if mine.any() else -np.inf
-        for w in windows:
-            if float(step["start_us"]) <= w.end <= first_compute:
-                w.boundary = int(step["step"])
+    _mark_boundaries(view, windows)
     lo = np.array([w.start for w in windows])
     hi = np.array([w.end for w in windows])
     launch = np.array([w.launch for w in windows])
@@ -246,6 +241,20 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> tuple[n
     return cost, boundary
 
 
+def _mark_boundaries(view: RankView, windows: list[Window]) -> None:
+    """Set `boundary` on the windows that end between a step's GPU start and its first compute-stream kernel
+    (the later step wins where two steps' stretches overlap)."""
+    on_stream = np.flatnonzero(view.is_compute & (view.gpu.stream == view.compute_stream))
+    first_compute = {step: float(view.gpu.start[rows].min()) for step, rows in view.group_by_step(on_stream).items()}
+    order = np.argsort(np.array([w.end for w in windows]), kind="stable")
+    ends = np.array([windows[k].end for k in order.tolist()])
+    for step in view.rank.get("steps") or []:
+        a = int(np.searchsorted(ends, float(step["start_us"]), side="left"))
+        b = int(np.searchsorted(ends, first_compute.get(int(step["step"]), -np.inf), side="right"))
+        for k in order[a:b].tolist():
+            windows[k].boundary = int(step["step"])
+
+
 def _inside(view: RankView, a: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """|A ∩ [lo, hi)| for each window."""
     return view.covered(hi, a) - view.covered(lo, a)
@@ -270,8 +279,7 @@ def pinned_copy_tail(view: RankView) -> float:
         pinned_bw = g.nbytes[pinned].sum() / dur[pinned].sum()
         ratio = pinned_bw / (g.nbytes[pageable].sum() / dur[pageable].sum())
     tails = []
-    for step in np.unique(view.gpu_step[pageable]).tolist():
-        rows = pageable[view.gpu_step[pageable] == step]
+    for rows in view.group_by_step(pageable).values():
         rows = rows[np.argsort(g.start[rows])]
         beside = iv.length(iv.clip(view.compute, float(g.start[rows[0]]), float(g.end[rows[-1]])))
         tails.append(max(dur[rows[-1]] / ratio, dur[rows].sum() / ratio - beside))
