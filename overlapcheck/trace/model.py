@@ -84,24 +84,42 @@ class TraceModel:
 
 
 class _Columns:
-    """Row tuples appended batch by batch, flushed into structured numpy arrays."""
+    """Row tuples appended batch by batch, flushed into one contiguous array per column and batch."""
 
     def __init__(self, columns: dict[str, type]):
         self.columns = columns
         self.dtype = np.dtype(list(columns.items()))
         self.rows: list[tuple] = []
-        self.parts: list[np.ndarray] = []  # structured arrays
+        self.parts: dict[str, list[np.ndarray]] = {c: [] for c in columns}
 
     def flush(self) -> None:
         if self.rows:
-            self.parts.append(np.fromiter(self.rows, dtype=self.dtype, count=len(self.rows)))
+            batch = np.fromiter(self.rows, dtype=self.dtype, count=len(self.rows))
             self.rows = []
+            for c, parts in self.parts.items():
+                parts.append(np.ascontiguousarray(batch[c]))
+
+    def append(self, columns: dict[str, np.ndarray]) -> None:
+        """Append rows given as one array per column (cast to this table's dtypes)."""
+        for c, parts in self.parts.items():
+            parts.append(columns[c].astype(self.columns[c], copy=False))
+
+    def column(self, name: str) -> np.ndarray:
+        """One column of everything flushed so far; its batches are released (use once per column)."""
+        parts = self.parts[name]
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, self.columns[name])
+        parts.clear()
+        return out
 
     def table(self) -> Table:
-        """The columns, each concatenated straight from the batches (no whole-table copy in between)."""
+        """The columns, each concatenated from its batches, which are freed column by column: the peak is the
+        table plus one column's batches, not twice the table."""
         self.flush()
-        parts, self.parts = self.parts or [np.zeros(0, dtype=self.dtype)], []
-        return Table({c: np.concatenate([p[c] for p in parts]) for c in self.columns})
+        columns = {}
+        for c in self.columns:
+            columns[c] = self.column(c)
+            release_free_memory()  # the batches' small buffers are heap holes the next column cannot reuse
+        return Table(columns)
 
 
 # what the builder does with an `X` event, by category
@@ -256,11 +274,11 @@ class ModelBuilder:
 
         Name and thread columns hold this builder's own indices; `merge` maps them to the receiver's.
         """
-        tables = {}
+        tables: dict[str, dict[str, np.ndarray] | None] = {}
         for family in _FAMILIES:
             cols = getattr(self, family)
             cols.flush()
-            tables[family] = np.concatenate(cols.parts) if cols.parts else None
+            tables[family] = {c: cols.column(c) for c in cols.columns} if cols.parts[next(iter(cols.columns))] else None
         return {"names": self.names, "threads": list(self._threads), "thread_names": self._thread_names,
                 "steps": self.steps, "tables": tables}  # fmt: skip
 
@@ -276,11 +294,17 @@ class ModelBuilder:
                 data[col] = names[data[col]]
             for col in _THREAD_COLUMNS[family]:
                 data[col] = threads[data[col]]
-            getattr(self, family).parts.append(data)
+            getattr(self, family).append(data)
         self.steps.extend(part["steps"])
         self._thread_names.update(part["thread_names"])
 
     def build(self, metadata: dict[str, Any]) -> TraceModel:
+        """The model; then the memory that reading freed goes back to the system (see `release_free_memory`)."""
+        model = self._build(metadata)
+        release_free_memory()
+        return model
+
+    def _build(self, metadata: dict[str, Any]) -> TraceModel:
         steps = sorted(self.steps, key=lambda s: s[1])
         threads = [("", "", "")] * len(self._threads)
         for (pid, tid), idx in self._threads.items():
@@ -301,6 +325,27 @@ class ModelBuilder:
             }),  # fmt: skip
             threads=threads,
         )
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free pages to the system (glibc `malloc_trim`; nothing elsewhere). Reading allocates
+    and frees millions of small objects and thousands of batch buffers between the long-lived columns; glibc
+    keeps most of what was freed, about as much again as the model on big traces, and the analysis that
+    follows would then stack its own peak on top of it."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None  # glibc's malloc_trim once looked up, False where there is none
 
 
 def _as_int(value: Any) -> int | None:
