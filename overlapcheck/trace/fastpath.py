@@ -21,9 +21,10 @@ import msgspec
 from overlapcheck.errors import UserError
 from overlapcheck.trace.events import EVENTS_DECODER
 from overlapcheck.trace.jsonstream import TraceStream
-from overlapcheck.trace.model import ModelBuilder, TraceModel
+from overlapcheck.trace.model import ModelBuilder, TraceModel, release_free_memory
 
 MIN_BYTES = 256 << 20  # below this, the processes cost about what they save (measured: docs/performance.md)
+TRIM_EVERY = 16  # merged parts between two returns of the freed heap to the system (about 64 MB of JSON)
 
 
 class _BadRun(Exception):
@@ -60,12 +61,13 @@ def load_parallel(path: str, workers: int, progress: Callable[[int], None] | Non
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             pending: deque[Future] = deque()
+            merged = 0
             for run in stream.runs():
                 pending.append(pool.submit(_tabulate, run))
                 while len(pending) > 2 * workers:  # bounded: the file is never held whole
-                    _merge(builder, pending.popleft())
+                    merged = _merge(builder, pending.popleft(), merged)
             while pending:
-                _merge(builder, pending.popleft())
+                merged = _merge(builder, pending.popleft(), merged)
     except (_BadRun, UserError):
         # a run did not decode, or a wrong guess misled the split that followed it: read it plainly, which
         # reports real errors
@@ -76,11 +78,17 @@ def load_parallel(path: str, workers: int, progress: Callable[[int], None] | Non
     return model
 
 
-def _merge(builder: ModelBuilder, future: Future) -> None:
+def _merge(builder: ModelBuilder, future: Future, merged: int) -> int:
+    """Merge the next part; returns the count of parts merged. The unpickled parts leave heap holes that the
+    growing columns cannot reuse, so the freed heap goes back to the system every TRIM_EVERY parts."""
     part = future.result()
     if part is None:
         raise _BadRun
     builder.merge(part)
+    del part
+    if (merged + 1) % TRIM_EVERY == 0:
+        release_free_memory()
+    return merged + 1
 
 
 def _load_plain(path: str, progress: Callable[[int], None] | None) -> TraceModel:
