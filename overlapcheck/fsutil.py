@@ -9,6 +9,15 @@ import tempfile
 from overlapcheck.errors import UserError
 
 
+def check_target(path: str | os.PathLike[str], force: bool = False) -> None:
+    """Raise UserError unless `path` may be written: it must not exist (or `force`), and its folder must."""
+    path = os.fspath(path)
+    if not force and os.path.exists(path):
+        raise UserError("already exists; pass --force to overwrite it", path)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise UserError("its folder does not exist", path)
+
+
 def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = False, durable: bool = True) -> None:
     """Write `data` to `path` through a temp file in the same folder and a rename, so that readers see either
     the old file or the whole new one.
@@ -18,11 +27,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = 
     the training step ~100 ms on a busy disk, and they are rewritten anyway).
     """
     path = os.fspath(path)
-    if not force and os.path.exists(path):
-        raise UserError("already exists; pass --force to overwrite it", path)
+    check_target(path, force)
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UserError("its folder does not exist", path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)

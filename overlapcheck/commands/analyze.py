@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import Any
@@ -47,11 +48,11 @@ def run_report(paths: list[str], fmt: str, output: str | None, html_path: str | 
                jobs: int | None, force: bool) -> None:  # fmt: skip
     """Analyze, render, and exit 2 if any input was unreadable."""
     from overlapcheck.analysis import Options
-    from overlapcheck.fsutil import atomic_write
+    from overlapcheck.fsutil import atomic_write, check_target
 
     for target in (output, html_path):
-        if target and not force:
-            atomic_check(target)
+        if target:
+            check_target(target, force)  # fail before a long analysis, not after
     options = Options(timelines=bool(html_path), config=_read_config(ds_config) if ds_config else None)
     report = _with_progress(paths, jobs, options)
     if fmt == "json":
@@ -66,7 +67,7 @@ def run_report(paths: list[str], fmt: str, output: str | None, html_path: str | 
         from overlapcheck.report.terminal import render
 
         if output:
-            console = Console(record=True, width=120, file=open(_devnull(), "w"))  # noqa: SIM115
+            console = Console(record=True, width=120, file=io.StringIO())
             render(report, console)
             atomic_write(output, console.export_text(), force)
         else:
@@ -80,19 +81,6 @@ def run_report(paths: list[str], fmt: str, output: str | None, html_path: str | 
         for err in report["errors"]:
             click.echo(f"overlapcheck: error: {err['error']}", err=True)
         sys.exit(2)
-
-
-def atomic_check(path: str) -> None:
-    import os
-
-    if os.path.exists(path):
-        raise UserError("already exists; pass --force to overwrite it", path)
-
-
-def _devnull() -> str:
-    import os
-
-    return os.devnull
 
 
 def _read_config(path: str) -> dict[str, Any]:
