@@ -61,9 +61,9 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     run_json = os.path.join(folder, "run.json")
     if os.path.isfile(run_json):
         found.run = _read_json(run_json)
-    for config_name in ("ds_config.json",):
-        if os.path.isfile(os.path.join(folder, config_name)):
-            found.config = _read_json(os.path.join(folder, config_name))
+    ds_config = os.path.join(folder, "ds_config.json")
+    if os.path.isfile(ds_config):
+        found.config = _read_json(ds_config)
     if found.config is None and isinstance(found.run, dict) and isinstance(found.run.get("ds_config"), dict):
         found.config = found.run["ds_config"]
     traces = [n for n in names if _TRACE_FILE.search(n) and not _NOT_TRACES.search(n)]
