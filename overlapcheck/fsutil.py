@@ -5,8 +5,22 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from typing import BinaryIO
 
 from overlapcheck.errors import UserError
+
+
+def open_input(path: str | os.PathLike[str], expected: str) -> BinaryIO:
+    """Open a user-given input file for binary reading; a missing, directory or unreadable path is a UserError
+    (`expected` names what the path should have been, e.g. "a trace file")."""
+    try:
+        return open(path, "rb")  # noqa: SIM115 - returned to the caller
+    except FileNotFoundError:
+        raise UserError("no such file", os.fspath(path)) from None
+    except IsADirectoryError:
+        raise UserError(f"is a directory, not {expected}", os.fspath(path)) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror}", os.fspath(path)) from None
 
 
 def check_target(path: str | os.PathLike[str], force: bool = False) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from overlapcheck.errors import UserError
+from overlapcheck.fsutil import open_input
 
 SCHEMA_PREFIX = "overlapcheck.report/"
 SUPPORTED_MAJOR = 1
@@ -66,15 +67,8 @@ class GateConfig:
 
 def load_report(path: str) -> dict:
     """Read and minimally validate a report document; any problem is a UserError (exit code 2)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise UserError("no such file", path) from None
-    except IsADirectoryError:
-        raise UserError("is a directory, expected a report .json file", path) from None
-    except OSError as exc:
-        raise UserError(f"cannot read: {exc.strerror}", path) from None
+    with open_input(path, "a report .json file") as fh:
+        raw = fh.read()
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:

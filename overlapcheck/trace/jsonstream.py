@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 
 from overlapcheck.errors import UserError
+from overlapcheck.fsutil import open_input
 
 CHUNK = 4 << 20
 TAIL = 256 << 10  # where to look for the last event boundary of a chunk
@@ -58,14 +59,7 @@ def _gzip_reader(f: IO[bytes]) -> IO[bytes]:
 
 def open_bytes(path: str) -> IO[bytes]:
     """Open a `.json` or `.json.gz` trace for binary reading (gzip is detected by its magic bytes)."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - returned to the caller
-    except FileNotFoundError:
-        raise UserError("no such file", path) from None
-    except IsADirectoryError:
-        raise UserError("is a directory, not a trace file", path) from None
-    except OSError as exc:
-        raise UserError(f"cannot read: {exc.strerror}", path) from None
+    f = open_input(path, "a trace file")
     if f.read(2) == b"\x1f\x8b":
         f.seek(0)
         return _gzip_reader(f)
