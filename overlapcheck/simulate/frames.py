@@ -112,9 +112,7 @@ class Frames:
 
     def timer(self, which: str) -> tuple[str, ...]:
         line = 231 if which == "start" else 246
-        return (f"deepspeed/utils/timer.py({line}): {which}",
-                "deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
-                "torch/cuda/__init__.py(1209): synchronize")
+        return (f"deepspeed/utils/timer.py({line}): {which}", *self.accelerator_sync())
 
     def accelerator_sync(self) -> tuple[str, ...]:
         return ("deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
