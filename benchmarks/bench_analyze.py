@@ -46,8 +46,9 @@ def _hta_folder(path: str, tmp: str) -> str:
     return folder
 
 
-def bench_input(inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str, hta_timeout: float,
-                only: set[str] | None = None) -> dict[str, Run]:  # fmt: skip
+def bench_input(
+    inp: I.Input, repeat: int, baseline_max_mb: int, tmp: str, hta_timeout: float, only: set[str] | None = None
+) -> dict[str, Run]:
     out = os.path.join(tmp, "report.json")
     runs: dict[str, list[str]] = {
         "analyze": _analyze([inp.path], out),
@@ -92,8 +93,11 @@ def _traces(folder: str) -> list[str]:
 
 def _print_run(r: Run, size: int) -> None:
     state = "" if r.ok else f"  ({r.error})" if r.timed_out else f"  FAILED: {r.error}"
-    print(f"    {r.name:<28} {r.wall_s:8.2f} s wall {r.cpu_s:8.2f} s cpu {r.peak_rss_mb:8.0f} MB peak "
-          f"({r.peak_rss_mb * MB / size:.2f}x file){state}", flush=True)  # fmt: skip
+    print(
+        f"    {r.name:<28} {r.wall_s:8.2f} s wall {r.cpu_s:8.2f} s cpu {r.peak_rss_mb:8.0f} MB peak "
+        f"({r.peak_rss_mb * MB / size:.2f}x file){state}",
+        flush=True,
+    )
 
 
 def ratios(res: dict[str, Run], size: int, which: str) -> dict[str, float | None]:
@@ -111,12 +115,14 @@ def ratios(res: dict[str, Run], size: int, which: str) -> dict[str, float | None
             return None if cpu else -other.wall_s / a.wall_s
         return other.cpu_s / a.cpu_s if cpu else other.wall_s / a.wall_s
 
-    out = {"x faster than HTA, wall (target >= 10)": faster("HTA"),
-           "x faster than HTA, cpu": faster("HTA", cpu=True),
-           "x faster than orjson.loads, wall (target >= 3)": faster("orjson.loads"),
-           "x faster than orjson.loads, cpu": faster("orjson.loads", cpu=True),
-           "x faster than json.load, wall": faster("json.load"),
-           "peak RSS / file size (target <= 0.25)": a.peak_rss_mb * MB / size if a.ok else None}  # fmt: skip
+    out = {
+        "x faster than HTA, wall (target >= 10)": faster("HTA"),
+        "x faster than HTA, cpu": faster("HTA", cpu=True),
+        "x faster than orjson.loads, wall (target >= 3)": faster("orjson.loads"),
+        "x faster than orjson.loads, cpu": faster("orjson.loads", cpu=True),
+        "x faster than json.load, wall": faster("json.load"),
+        "peak RSS / file size (target <= 0.25)": a.peak_rss_mb * MB / size if a.ok else None,
+    }
     gz = res.get(f"{which} .gz")
     if gz is not None and gz.ok:
         out[".gz wall / plain wall"] = gz.wall_s / a.wall_s
@@ -128,8 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a small subset: 50 MB sim and 100 MB real traces")
     parser.add_argument("--big", action="store_true", help="also the 2 GB trace (deleted afterwards)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement; the fastest counts")
-    parser.add_argument("--baseline-max-mb", type=int, default=1024,
-                        help="skip HTA, json.load and orjson above this size (they need 6-8x the file in memory)")
+    parser.add_argument(
+        "--baseline-max-mb",
+        type=int,
+        default=1024,
+        help="skip HTA, json.load and orjson above this size (they need 6-8x the file in memory)",
+    )
     parser.add_argument("--hta-timeout", type=float, default=600, help="stop HTA after this many seconds")
     parser.add_argument("--only", help="comma-separated rows to run, e.g. 'analyze (proposed),HTA'")
     parser.add_argument("--min-mb", type=int, default=0, help="skip inputs smaller than this")
@@ -150,8 +160,14 @@ def main(argv: list[str] | None = None) -> None:
                 for k, v in values.items():
                     shown = "-" if v is None else f">= {-v:.2f}" if v < 0 else f"{v:.2f}"
                     print(f"    {k:<48} {shown}")
-            report["inputs"].append({"name": inp.name, "size_mb": inp.size / MB, "ratios": rat,
-                                     "runs": {k: vars(v) for k, v in res.items()}})  # fmt: skip
+            report["inputs"].append(
+                {
+                    "name": inp.name,
+                    "size_mb": inp.size / MB,
+                    "ratios": rat,
+                    "runs": {k: vars(v) for k, v in res.items()},
+                }
+            )
         if todo[0].folder:
             print(f"\nmulti-rank set {todo[0].folder}", flush=True)
             report["ranks"] = {k: vars(v) for k, v in bench_ranks(todo[0].folder, args.repeat, tmp).items()}

@@ -40,8 +40,11 @@ def launch(launcher: str, job_args: list[str]) -> list[str]:
 
 def run(cmd: list[str], cwd: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OVERLAPCHECK_")}
-    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+    env.update(
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+    )
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
@@ -56,9 +59,22 @@ def one_pair(args: argparse.Namespace, tmp: str, rep: int) -> dict[str, float]:
     plain_times, prof_times, out = Path(tmp, f"plain{rep}.txt"), Path(tmp, f"prof{rep}.txt"), Path(tmp, f"run{rep}")
     job = ["--steps", str(args.steps), "--width", str(args.width)]
     plain_cmd = launch(args.launcher, [*job, "--step-times", str(plain_times)])
-    prof_cmd = [sys.executable, "-m", "overlapcheck", "run", "--out", str(out), "--wait", str(args.wait),
-                "--warmup", str(args.warmup), "--active", str(args.active), "--",
-                *launch(args.launcher, [*job, "--step-times", str(prof_times)])]
+    prof_cmd = [
+        sys.executable,
+        "-m",
+        "overlapcheck",
+        "run",
+        "--out",
+        str(out),
+        "--wait",
+        str(args.wait),
+        "--warmup",
+        str(args.warmup),
+        "--active",
+        str(args.active),
+        "--",
+        *launch(args.launcher, [*job, "--step-times", str(prof_times)]),
+    ]
     for cmd in (plain_cmd, prof_cmd) if rep % 2 == 0 else (prof_cmd, plain_cmd):
         run(cmd, tmp)
     plain, prof = step_times(plain_times), step_times(prof_times)
@@ -73,8 +89,11 @@ def one_pair(args: argparse.Namespace, tmp: str, rep: int) -> dict[str, float]:
         return statistics.median(times[s] for s in steps) * 1e3
 
     row = {}
-    for label, steps in (("before", [s for s in outside if s < args.wait - 1]),
-                         ("after", [s for s in outside if s > last]), ("outside", outside)):
+    for label, steps in (
+        ("before", [s for s in outside if s < args.wait - 1]),
+        ("after", [s for s in outside if s > last]),
+        ("outside", outside),
+    ):
         row[f"{label}_plain"], row[f"{label}_prof"] = med(plain, steps), med(prof, steps)
     row["step0_plain"], row["step0_prof"] = plain[0] * 1e3, prof[0] * 1e3
     row["window_plain"] = sum(plain[s] for s in inside if s in plain) * 1e3
@@ -98,8 +117,14 @@ def hook_cost_us(calls: int = 200_000) -> tuple[float, float]:
         engine, inner = object(), object()
         hook.controller().on_step("deepspeed", engine)  # first step: identity and status file (once per run)
         tick = timeit.timeit(lambda: hook.controller().on_step("deepspeed", engine), number=calls) / calls * 1e6
-        both = timeit.timeit(lambda: (hook.controller().on_step("optimizer", inner),
-                                      hook.controller().on_step("deepspeed", engine)), number=calls) / calls * 1e6
+        both = (
+            timeit.timeit(
+                lambda: (hook.controller().on_step("optimizer", inner), hook.controller().on_step("deepspeed", engine)),
+                number=calls,
+            )
+            / calls
+            * 1e6
+        )
         hook._controller = None
     return tick, both
 
@@ -116,24 +141,34 @@ def main() -> None:
     args = parser.parse_args()
     last = args.wait + args.warmup + args.active - 1
     tick, both = hook_cost_us()
-    print(f"hook cost outside the window: {tick:.2f} us per engine step, {both:.2f} us with the inner "
-          "optimizer's ignored tick (in-process, 200k calls)")
-    print(f"job: {args.launcher}, 2 ranks, gloo/CPU, width {args.width}, {args.steps} steps; window: steps "
-          f"{args.wait}-{last} (warm-up {args.warmup}, recorded {args.active}); rank 0 medians, ms")
-    print(f"{'pair':>4s} {'before: plain':>14s} {'prof':>7s} {'ratio':>6s} {'after: plain':>13s} {'prof':>7s} "
-          f"{'ratio':>6s} {'outside ratio':>13s} {'step 0 ratio':>12s} {'export':>7s}")
+    print(
+        f"hook cost outside the window: {tick:.2f} us per engine step, {both:.2f} us with the inner "
+        "optimizer's ignored tick (in-process, 200k calls)"
+    )
+    print(
+        f"job: {args.launcher}, 2 ranks, gloo/CPU, width {args.width}, {args.steps} steps; window: steps "
+        f"{args.wait}-{last} (warm-up {args.warmup}, recorded {args.active}); rank 0 medians, ms"
+    )
+    print(
+        f"{'pair':>4s} {'before: plain':>14s} {'prof':>7s} {'ratio':>6s} {'after: plain':>13s} {'prof':>7s} "
+        f"{'ratio':>6s} {'outside ratio':>13s} {'step 0 ratio':>12s} {'export':>7s}"
+    )
     ratios: list[float] = []
     with tempfile.TemporaryDirectory(prefix="oc-bench-") as tmp:
         for rep in range(args.repeat):
             r = one_pair(args, tmp, rep)
             ratios.append(r["outside_prof"] / r["outside_plain"])
-            print(f"{rep:4d} {r['before_plain']:14.2f} {r['before_prof']:7.2f} "
-                  f"{r['before_prof'] / r['before_plain']:6.3f} {r['after_plain']:13.2f} {r['after_prof']:7.2f} "
-                  f"{r['after_prof'] / r['after_plain']:6.3f} {ratios[-1]:13.3f} "
-                  f"{r['step0_prof'] / r['step0_plain']:12.3f} {r['export']:6.0f}ms")
-    print(f"median ratio (profiled / plain) of the steps outside the window over {args.repeat} pairs: "
-          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
-          f"trace {r['trace_mb']:.2f} MB per rank")
+            print(
+                f"{rep:4d} {r['before_plain']:14.2f} {r['before_prof']:7.2f} "
+                f"{r['before_prof'] / r['before_plain']:6.3f} {r['after_plain']:13.2f} {r['after_prof']:7.2f} "
+                f"{r['after_prof'] / r['after_plain']:6.3f} {ratios[-1]:13.3f} "
+                f"{r['step0_prof'] / r['step0_plain']:12.3f} {r['export']:6.0f}ms"
+            )
+    print(
+        f"median ratio (profiled / plain) of the steps outside the window over {args.repeat} pairs: "
+        f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
+        f"trace {r['trace_mb']:.2f} MB per rank"
+    )
 
 
 if __name__ == "__main__":

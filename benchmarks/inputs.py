@@ -44,9 +44,25 @@ def simulated_set(ranks: int, steps: int) -> str:
     """A simulated ZeRO-3 job (overlapcheck simulate): one gzipped trace per rank, in its own folder."""
     folder = os.path.join(DATA, f"sim-{ranks}r-{steps}s")
     if not os.path.isfile(os.path.join(folder, "truth.json")):
-        subprocess.run([sys.executable, "-m", "overlapcheck", "simulate", "--out", folder, "--nodes", "1",
-                        "--gpus-per-node", str(ranks), "--steps", str(steps), "--force"],
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "overlapcheck",
+                "simulate",
+                "--out",
+                folder,
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                str(ranks),
+                "--steps",
+                str(steps),
+                "--force",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return folder
 
 

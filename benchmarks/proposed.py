@@ -63,9 +63,14 @@ def _steps_by_sort() -> None:
         number = model.steps.number[i]
         idx = order[np.searchsorted(keys, number, "left") : np.searchsorted(keys, number, "right")]
         n = len(acts)
-        sub = dataclasses.replace(acts, **{f.name: getattr(acts, f.name)[idx] for f in dataclasses.fields(acts)
-                                           if isinstance(getattr(acts, f.name), np.ndarray)
-                                           and len(getattr(acts, f.name)) == n})  # fmt: skip
+        sub = dataclasses.replace(
+            acts,
+            **{
+                f.name: getattr(acts, f.name)[idx]
+                for f in dataclasses.fields(acts)
+                if isinstance(getattr(acts, f.name), np.ndarray) and len(getattr(acts, f.name)) == n
+            },
+        )
         return step(model, sub, i, compute, compute_or_comm)
 
     metrics._step = _step

@@ -111,7 +111,9 @@ def main() -> int:
             subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, check=False)
         codes_new = write_reports(ROOT, Path(tmp) / "after")
         problems = compare(Path(tmp) / "before", Path(tmp) / "after")
-        problems += [f"{n}: exit {codes_old[n]} -> {codes_new.get(n)}" for n in codes_old if codes_old[n] != codes_new.get(n)]
+        problems += [
+            f"{n}: exit {codes_old[n]} -> {codes_new.get(n)}" for n in codes_old if codes_old[n] != codes_new.get(n)
+        ]
     print(f"{len(codes_old)} reports compared with {args.ref}: {len(problems)} differ")
     for p in problems:
         print(p)

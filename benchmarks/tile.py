@@ -54,8 +54,9 @@ def tile(source: str, target: str, size: int) -> int:
                 chunk = body
             else:
                 chunk = _TS.sub(lambda m, dt=dt: b'"ts": ' + _num(float(m.group(1)) + dt), body)
-                chunk = _IDS.sub(lambda m, di=di: b'"' + m.group(1) + b'": ' + str(int(m.group(2)) + di).encode(),
-                                 chunk)  # fmt: skip
+                chunk = _IDS.sub(
+                    lambda m, di=di: b'"' + m.group(1) + b'": ' + str(int(m.group(2)) + di).encode(), chunk
+                )
                 chunk = _STEP.sub(lambda m, ds=ds: b"ProfilerStep#" + str(int(m.group(1)) + ds).encode(), chunk)
                 written += out.write(b",")
             written += out.write(chunk)

@@ -160,8 +160,9 @@ def manifest_overlap(trace: Trace) -> Result:
 def ours_is_comm(name: str) -> bool:
     """An NCCL/RCCL kernel of any generation: `nccl*`/`rccl*` (maybe after `void `), or `nccl[Dev]Kernel` inside."""
     low = name.lower()
-    return low.removeprefix("void ").lstrip().startswith(("nccl", "rccl")) or "ncclkernel" in low \
-        or "nccldevkernel" in low
+    return (
+        low.removeprefix("void ").lstrip().startswith(("nccl", "rccl")) or "ncclkernel" in low or "nccldevkernel" in low
+    )
 
 
 def ours_overlap(trace: Trace) -> Result:
@@ -170,9 +171,15 @@ def ours_overlap(trace: Trace) -> Result:
 
 
 _KIND_OF_TOKEN = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
-    "sendrecv": "send_recv", "send": "send_recv", "recv": "send_recv", "broadcast": "broadcast",
-}  # fmt: skip
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "sendrecv": "send_recv",
+    "send": "send_recv",
+    "recv": "send_recv",
+    "broadcast": "broadcast",
+}
 
 
 def collective_kind(k: Kernel) -> str:
@@ -306,11 +313,18 @@ def launched_before_last_step(trace: Trace, rounding: bool = False) -> set[int] 
     Trace._filter_irrelevant_gpu_kernels keeps them; None when HTA keeps every kernel (fewer than two
     ProfilerStep names: HTA decides on its job-wide symbol table). `rounding`: compare ceil'd starts, as HTA
     does after round_down_time_stamps."""
+
     def start(e: dict[str, Any]) -> float:
         return math.ceil(e["ts"]) if rounding else e["ts"]
 
-    rows = [e for e in trace.events if e.get("dur") is not None and e.get("cat") not in (None, "Trace")
-            and e.get("ts") is not None and not _hta_is_gpu_row(e)]  # fmt: skip
+    rows = [
+        e
+        for e in trace.events
+        if e.get("dur") is not None
+        and e.get("cat") not in (None, "Trace")
+        and e.get("ts") is not None
+        and not _hta_is_gpu_row(e)
+    ]
     steps = [e for e in rows if "ProfilerStep" in str(e.get("name", ""))]
     if len({e["name"] for e in steps}) < 2:
         return None
@@ -333,8 +347,10 @@ def _hta_stream(e: dict[str, Any]) -> int:
 def _hta_is_gpu_row(e: dict[str, Any]) -> bool:
     """HTA's GPUKernelFilter: stream >= 0 and correlation >= 0, or an Event/Context Sync."""
     corr = (e.get("args") or {}).get("correlation", -1)
-    return (_hta_stream(e) >= 0 and isinstance(corr, int) and corr >= 0) or e.get("name") in ("Event Sync",
-                                                                                             "Context Sync")
+    return (_hta_stream(e) >= 0 and isinstance(corr, int) and corr >= 0) or e.get("name") in (
+        "Event Sync",
+        "Context Sync",
+    )
 
 
 def hta_merge(intervals: list[Interval]) -> list[Interval]:

@@ -16,8 +16,9 @@ NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "overlapcheck", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "overlapcheck", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -30,8 +31,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 
 
 def good_trace(folder: Path, rank: int) -> Path:
-    return write_trace(folder, f"rank{rank}.json.gz", [kernel(GEMM, 0, 10), kernel(NCCL, 5, 10, stream=20)],
-                       rank=rank)  # fmt: skip
+    return write_trace(folder, f"rank{rank}.json.gz", [kernel(GEMM, 0, 10), kernel(NCCL, 5, 10, stream=20)], rank=rank)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def good_trace(folder: Path, rank: int) -> Path:
         ("rank0.json", b"42", "not a trace"),
         ("rank0.json", b"this is not json at all", "not a trace"),
         ("rank0.json", b'{"traceEvents": [{"ph": "X", "ts": "soon"}]}', "unexpected event field"),
-        ("rank0.json", b'\xff\xfe\x00garbage', "not a trace"),
+        ("rank0.json", b"\xff\xfe\x00garbage", "not a trace"),
     ],
 )
 def test_unreadable_trace(tmp_path, name, content, message):

@@ -17,14 +17,18 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 # records alert/confirm/prompt instead of blocking on them; runs before any page script (exempt from CSP)
-TRAP = ("window.__dialogs = [];"
-        "['alert', 'confirm', 'prompt'].forEach(function (n) {"
-        "  window[n] = function (m) { window.__dialogs.push(n + ':' + String(m)); }; });")
+TRAP = (
+    "window.__dialogs = [];"
+    "['alert', 'confirm', 'prompt'].forEach(function (n) {"
+    "  window[n] = function (m) { window.__dialogs.push(n + ':' + String(m)); }; });"
+)
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-                       reason="needs chromium and chromedriver (Debian: chromium, chromium-driver)"),
+    pytest.mark.skipif(
+        not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+        reason="needs chromium and chromedriver (Debian: chromium, chromium-driver)",
+    ),
 ]
 
 
@@ -35,10 +39,19 @@ def driver(tmp_path_factory):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
@@ -59,18 +72,27 @@ def console_errors(driver) -> list[dict]:
 
 def showcase_report() -> dict:
     """8 ranks, a straggler, two findings, timelines; rank 2's kernel names and rank 1's file are payloads."""
-    report = make_report(8, overlaps=[0.72, 0.7, 0.55, 0.74, 0.7, 0.71, 0.69, 0.73],
-                         compute=[80_000.0] * 7 + [91_000.0],
-                         findings=[make_finding(), make_finding(
-                             rule="straggler-compute", severity="warning", cost_us=1_100.0,
-                             title=f"Rank 7 computes 14% longer than the median {XSS_IMG}",
-                             why="the other ranks wait for it inside every collective",
-                             ranks=[7], evidence={"compute_us": 91000.0, "median_compute_us": 80000.0},
-                             fix={"env": {"NCCL_DEBUG": "WARN"}})])
+    report = make_report(
+        8,
+        overlaps=[0.72, 0.7, 0.55, 0.74, 0.7, 0.71, 0.69, 0.73],
+        compute=[80_000.0] * 7 + [91_000.0],
+        findings=[
+            make_finding(),
+            make_finding(
+                rule="straggler-compute",
+                severity="warning",
+                cost_us=1_100.0,
+                title=f"Rank 7 computes 14% longer than the median {XSS_IMG}",
+                why="the other ranks wait for it inside every collective",
+                ranks=[7],
+                evidence={"compute_us": 91000.0, "median_compute_us": 80000.0},
+                fix={"env": {"NCCL_DEBUG": "WARN"}},
+            ),
+        ],
+    )
     report["ranks"][1]["source"] = XSS_SCRIPT
     report["ranks"][1]["host"] = XSS_IMG
-    report["timelines"] = {str(r): make_timeline(seed=r, kernel_name=XSS_SCRIPT if r == 2 else None)
-                           for r in range(8)}
+    report["timelines"] = {str(r): make_timeline(seed=r, kernel_name=XSS_SCRIPT if r == 2 else None) for r in range(8)}
     return report
 
 
@@ -95,19 +117,23 @@ def test_report_page_in_chromium(driver, tmp_path):
     canvas = driver.find_element(By.ID, "oc-tl-canvas")
     painted = driver.execute_script(
         "var c = arguments[0], d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data, n = 0;"
-        "for (var i = 0; i < d.length; i += 4) if (d[i] < 200 || d[i + 1] < 200) n++; return n;", canvas)
+        "for (var i = 0; i < d.length; i += 4) if (d[i] < 200 || d[i + 1] < 200) n++; return n;",
+        canvas,
+    )
     assert painted > 5000
 
     # hover the payload kernel (compute lane, event 5): the tooltip shows its name as text
     geometry = driver.execute_script(
-        "var r = arguments[0].getBoundingClientRect(); return [r.width, r.height];", canvas)
+        "var r = arguments[0].getBoundingClientRect(); return [r.width, r.height];", canvas
+    )
     tl = report["timelines"]["2"]
     ev = [e for e in tl["events"] if e[0] == 0][5]
     end = max(max(e[1] + e[2] for e in tl["events"]), max(iv[1] for iv in tl["exposed"]))
     x = 150 + (ev[1] + ev[2] / 2) / end * (geometry[0] - 150 - 6)
     y = 26 + 26 * 1.5  # axis, then the exposed row, then the compute lane
-    ActionChains(driver).move_to_element_with_offset(canvas, int(x - geometry[0] / 2),
-                                                     int(y - geometry[1] / 2)).perform()
+    ActionChains(driver).move_to_element_with_offset(
+        canvas, int(x - geometry[0] / 2), int(y - geometry[1] / 2)
+    ).perform()
     tip = driver.find_element(By.ID, "oc-tooltip")
     assert tip.is_displayed()
     assert tip.find_element(By.CSS_SELECTOR, ".tt-name").text == XSS_SCRIPT
@@ -120,14 +146,18 @@ def test_report_page_in_chromium(driver, tmp_path):
         driver.execute_script(
             "var c = arguments[0], r = c.getBoundingClientRect();"
             "c.dispatchEvent(new WheelEvent('wheel', {deltaY: -100, clientX: r.left + arguments[1],"
-            " clientY: r.top + 40, bubbles: true, cancelable: true}));", canvas, exposed_x)
+            " clientY: r.top + 40, bubbles: true, cancelable: true}));",
+            canvas,
+            exposed_x,
+        )
     driver.find_element(By.ID, "timeline").screenshot(str(_artifact("report-timeline-zoomed.png")))
 
     # zoom, switch rank, sort, copy: all work without errors
     before = driver.find_element(By.ID, "oc-tl-info").text
     driver.find_element(By.ID, "oc-zoom-in").click()
-    driver.execute_script("var s = document.getElementById('oc-tl-rank'); s.value = '5';"
-                          "s.dispatchEvent(new Event('change'));")
+    driver.execute_script(
+        "var s = document.getElementById('oc-tl-rank'); s.value = '5';s.dispatchEvent(new Event('change'));"
+    )
     assert driver.find_element(By.ID, "oc-tl-info").text != before
     overlap_th = [th for th in driver.find_elements(By.CSS_SELECTOR, "#oc-rank-table th") if th.text == "OVERLAP"]
     driver.execute_script("arguments[0].scrollIntoView({block: 'center', behavior: 'instant'})", overlap_th[0])
@@ -153,7 +183,8 @@ def test_64_rank_page_loads(driver, tmp_path):
     path.write_text(render_html(report), encoding="utf-8")
     open_page(driver, path)
     load_ms = driver.execute_script(
-        "var t = performance.getEntriesByType('navigation')[0]; return t.loadEventEnd - t.startTime;")
+        "var t = performance.getEntriesByType('navigation')[0]; return t.loadEventEnd - t.startTime;"
+    )
     assert len(driver.find_elements(By.CSS_SELECTOR, "#oc-rank-table tbody tr")) == 64
     assert "rank 0" in driver.find_element(By.ID, "oc-tl-info").text
     assert console_errors(driver) == []
@@ -170,8 +201,19 @@ def test_real_dlrm_report_in_chromium(driver, tmp_path):
     from overlapcheck.cli import main
 
     html = tmp_path / "dlrm.html"
-    result = CliRunner().invoke(main, ["analyze", "/work/shared/traces/dlrm-8rank-v100", "--format", "json",
-                                       "-o", str(tmp_path / "dlrm.json"), "--html", str(html)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "analyze",
+            "/work/shared/traces/dlrm-8rank-v100",
+            "--format",
+            "json",
+            "-o",
+            str(tmp_path / "dlrm.json"),
+            "--html",
+            str(html),
+        ],
+    )
     assert result.exit_code == 0, result.output
     open_page(driver, html)
     assert len(driver.find_elements(By.CSS_SELECTOR, "#oc-rank-table tbody tr")) == 8

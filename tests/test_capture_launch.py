@@ -33,8 +33,12 @@ JOB_TIMEOUT = 420  # seconds; includes a possible first-time JIT build
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OVERLAPCHECK_")}
-    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+    env.update(
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+    )
     env.update(extra)
     return env
 
@@ -52,8 +56,14 @@ def _overlapcheck_run(out: Path, command: list[str]) -> list[str]:
 def _spawn(out: Path, command: list[str], cwd: Path, log: Path, **env: str) -> subprocess.Popen:
     """Start `overlapcheck run` in its own process group (so that a timeout can stop the whole job)."""
     with open(log, "wb") as fh:
-        return subprocess.Popen(_overlapcheck_run(out, command), cwd=cwd, env=_env(**env), stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            _overlapcheck_run(out, command),
+            cwd=cwd,
+            env=_env(**env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout: float = JOB_TIMEOUT) -> list[int]:
@@ -80,8 +90,7 @@ def _manifest(out: Path) -> dict[str, Any]:
 
 def _assert_captured(out: Path, command: list[str], launcher: str) -> dict[str, Any]:
     """One trace and one summary per rank, and a manifest that says so."""
-    assert sorted(p.name for p in out.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz",
-                                                                     "rank1.trace.json.gz"]
+    assert sorted(p.name for p in out.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
     run = _manifest(out)
     assert run["schema"] == "overlapcheck.run/1" and run["status"] == "finished"
     assert run["command"] == command and run["launcher"] == launcher and run["exit_code"] == 0
@@ -123,8 +132,12 @@ def test_deepspeed_launcher(tmp_path):
     run = _assert_captured(out, command, "deepspeed")
     assert run["launches"][0]["ds_env_file"]  # DeepSpeed's env-file mechanism was prepared
     _assert_report_sees_zero3_collectives(out)
-    cli = subprocess.run([sys.executable, "-m", "overlapcheck", "analyze", str(out), "--format", "json"],
-                         capture_output=True, text=True, timeout=120)
+    cli = subprocess.run(
+        [sys.executable, "-m", "overlapcheck", "analyze", str(out), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cli.returncode == 0, cli.stderr
     doc = json.loads(cli.stdout)
     assert all(r["collectives"]["all_gather"]["count"] > 0 for r in doc["ranks"])
@@ -146,8 +159,20 @@ def test_two_loopback_nodes_with_a_hostfile(tmp_path):
     port = str(_free_port())
 
     def node(n: int) -> list[str]:
-        return ["deepspeed", "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(n),
-                "--master_addr", "127.0.0.1", "--master_port", port, TRAIN, *JOB_STEPS]
+        return [
+            "deepspeed",
+            "--hostfile",
+            str(hostfile),
+            "--no_ssh",
+            "--node_rank",
+            str(n),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            port,
+            TRAIN,
+            *JOB_STEPS,
+        ]
 
     logs = [tmp_path / f"node{n}.log" for n in (0, 1)]
     procs = []
@@ -166,8 +191,19 @@ def test_two_loopback_nodes_with_a_hostfile(tmp_path):
 def test_failing_job_exit_code_is_returned_and_traces_survive(tmp_path):
     out = tmp_path / "run"
     # rank 1 exits with code 3 right after the window closes; the deepspeed launcher returns that code
-    command = ["deepspeed", "--num_gpus", "2", "--master_port", str(_free_port()), TRAIN, *JOB_STEPS,
-               "--fail-at", "4", "--fail-rank", "1"]
+    command = [
+        "deepspeed",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        TRAIN,
+        *JOB_STEPS,
+        "--fail-at",
+        "4",
+        "--fail-rank",
+        "1",
+    ]
     code, output = _run(out, command, tmp_path)
     assert code == 3, output[-3000:]
     run = _manifest(out)
@@ -205,8 +241,11 @@ def test_plain_python_job_uses_the_optimizer_step(tmp_path):
 def test_sigterm_is_forwarded_and_the_exit_code_kept(tmp_path):
     ready, got = tmp_path / "ready", tmp_path / "got"
     out = tmp_path / "run"
-    proc = subprocess.Popen(_overlapcheck_run(out, [sys.executable, str(JOBS / "sigterm_job.py"), str(ready),
-                                                    str(got)]), cwd=tmp_path, env=_env())
+    proc = subprocess.Popen(
+        _overlapcheck_run(out, [sys.executable, str(JOBS / "sigterm_job.py"), str(ready), str(got)]),
+        cwd=tmp_path,
+        env=_env(),
+    )
     try:
         deadline = time.monotonic() + 60
         while not ready.exists() and time.monotonic() < deadline:
@@ -230,8 +269,18 @@ def test_multi_node_deepspeed_gets_the_capture_env_through_its_env_file(tmp_path
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     user_env = "DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\nNCCL_DEBUG=WARN\n"
     (tmp_path / ".deepspeed_env").write_text(user_env)
-    command = ["deepspeed", "--hostfile", str(hostfile), "--no_ssh_check", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), TRAIN, *JOB_STEPS]
+    command = [
+        "deepspeed",
+        "--hostfile",
+        str(hostfile),
+        "--no_ssh_check",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        TRAIN,
+        *JOB_STEPS,
+    ]
     fake_pdsh = str(JOBS / "fake_pdsh")
     code, output = _run(out, command, tmp_path, PATH=fake_pdsh + os.pathsep + _env()["PATH"])
     assert code == 0, output[-3000:]

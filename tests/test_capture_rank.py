@@ -127,8 +127,12 @@ def test_a_profiler_that_raises_does_not_stop_the_loop(tmp_path, monkeypatch):
 
 
 def test_summary_writes_a_one_rank_report(tmp_path):
-    events = [step(5, 0, 100), launch(1, 1), kernel("gemm", 10, 40, corr=1),
-              kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*)", 30, 40, stream=20)]
+    events = [
+        step(5, 0, 100),
+        launch(1, 1),
+        kernel("gemm", 10, 40, corr=1),
+        kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*)", 30, 40, stream=20),
+    ]
     trace = write_trace(tmp_path, "rank0.trace.json.gz", events)
     ok = write_summary(str(trace), str(tmp_path / "s.json"), str(tmp_path / "st.json"))
     assert ok and read_json(str(tmp_path / "st.json"))["status"] == "ok"

@@ -22,6 +22,7 @@ FORWARD = ["OVERLAPCHECK_OUT", "OVERLAPCHECK_SCHEDULE", "PYTHONPATH"]
 
 # ---- settings ----------------------------------------------------------------------------------------
 
+
 def test_schedule_window_and_steps_spec():
     s = Schedule(wait=5, warmup=2, active=3)
     assert (s.first, s.last) == (7, 9)
@@ -61,6 +62,7 @@ def test_settings_round_trip_through_env(tmp_path):
 
 # ---- launcher detection ------------------------------------------------------------------------------
 
+
 def test_deepspeed_single_node():
     p = launchers.plan(["deepspeed", "--num_gpus", "8", "train.py", "--node_rank", "5"], FORWARD)
     assert (p.kind, p.per_node, p.node_rank) == ("deepspeed", False, 0)  # script args are not the runner's
@@ -69,19 +71,29 @@ def test_deepspeed_single_node():
 def test_deepspeed_per_node_no_ssh(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    argv = ["deepspeed", f"--hostfile={hostfile}", "--no_ssh", "--node_rank", "1", "--master_addr",
-            "127.0.0.1", "train.py"]
+    argv = [
+        "deepspeed",
+        f"--hostfile={hostfile}",
+        "--no_ssh",
+        "--node_rank",
+        "1",
+        "--master_addr",
+        "127.0.0.1",
+        "train.py",
+    ]
     p = launchers.plan(argv, FORWARD)
     assert (p.kind, p.per_node, p.node_rank, p.hostfile) == ("deepspeed", True, 1, str(hostfile))
     assert p.argv == argv
 
 
 def test_python_module_forms():
-    ds = launchers.plan([sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_ssh", "--node_rank=2",
-                         "t.py"], FORWARD)
+    ds = launchers.plan(
+        [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_ssh", "--node_rank=2", "t.py"], FORWARD
+    )
     assert (ds.kind, ds.node_rank) == ("deepspeed", 2)
-    tr = launchers.plan(["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1",
-                         "t.py"], FORWARD)
+    tr = launchers.plan(
+        ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1", "t.py"], FORWARD
+    )
     assert (tr.kind, tr.per_node, tr.node_rank) == ("torchrun", True, 1)
     assert launchers.plan(["python", "train.py"], FORWARD).kind == "python"
     assert launchers.plan(["accelerate", "launch", "t.py"], FORWARD).kind == "other"
@@ -103,8 +115,7 @@ def test_torchrun_single_node_is_not_per_node():
 
 
 def test_srun_export_rewriting():
-    assert launchers.plan(["srun", "-N", "2", "python", "t.py"], FORWARD).argv == ["srun", "-N", "2", "python",
-                                                                                   "t.py"]
+    assert launchers.plan(["srun", "-N", "2", "python", "t.py"], FORWARD).argv == ["srun", "-N", "2", "python", "t.py"]
     assert launchers.plan(["srun", "--export=ALL,FOO=1", "t"], FORWARD).argv[1] == "--export=ALL,FOO=1"
     assert launchers.plan(["srun", "--export=FOO", "t"], FORWARD).argv[1] == "--export=FOO," + ",".join(FORWARD)
     assert launchers.plan(["srun", "--export", "NONE", "t"], FORWARD).argv[2] == ",".join(FORWARD)
@@ -119,9 +130,11 @@ def test_empty_command_is_a_user_error():
 
 # ---- environment propagation -------------------------------------------------------------------------
 
+
 def test_child_env_puts_the_bootstrap_first():
-    env = propagation.child_env({"PYTHONPATH": f"/a{os.pathsep}{propagation.BOOTSTRAP_DIR}", "X": "1"},
-                                {"OVERLAPCHECK_OUT": "/o"})
+    env = propagation.child_env(
+        {"PYTHONPATH": f"/a{os.pathsep}{propagation.BOOTSTRAP_DIR}", "X": "1"}, {"OVERLAPCHECK_OUT": "/o"}
+    )
     assert env["PYTHONPATH"].split(os.pathsep) == [propagation.BOOTSTRAP_DIR, "/a"]
     assert env["X"] == "1" and env["OVERLAPCHECK_OUT"] == "/o"
     assert os.path.isfile(os.path.join(propagation.BOOTSTRAP_DIR, "sitecustomize.py"))
@@ -150,6 +163,7 @@ def test_ds_env_file_honours_a_custom_name(tmp_path):
 
 
 # ---- atomic writes -----------------------------------------------------------------------------------
+
 
 def test_atomic_write_replaces_whole_file(tmp_path):
     target = tmp_path / "a.json"
@@ -181,6 +195,7 @@ def test_read_json_of_partial_file_is_none(tmp_path):
 
 # ---- run folder --------------------------------------------------------------------------------------
 
+
 def test_existing_run_folder_is_refused_without_force(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -204,8 +219,9 @@ def test_cli_refuses_existing_folder_with_exit_2(tmp_path):
     assert "not empty" in result.output
 
 
-@pytest.mark.parametrize("args", [["--steps", "3:4", "--wait", "2"], ["--steps", "0:2"], ["--ranks", "x"],
-                                  ["--wait", "0"]])
+@pytest.mark.parametrize(
+    "args", [["--steps", "3:4", "--wait", "2"], ["--steps", "0:2"], ["--ranks", "x"], ["--wait", "0"]]
+)
 def test_cli_rejects_bad_options(tmp_path, args):
     result = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), *args, "--", "python", "-c", "1"])
     assert result.exit_code == 2, result.output
@@ -220,25 +236,51 @@ def test_cli_unknown_command_is_a_user_error(tmp_path):
 
 def test_per_node_launch_needs_out():
     with pytest.raises(UserError, match="--out"):
-        session.run(["torchrun", "--nnodes", "2", "--node_rank", "1", "t.py"],
-                    CaptureSettings("x", Schedule()), force=False, out_given=False)
+        session.run(
+            ["torchrun", "--nnodes", "2", "--node_rank", "1", "t.py"],
+            CaptureSettings("x", Schedule()),
+            force=False,
+            out_given=False,
+        )
 
 
 # ---- run.json merge ----------------------------------------------------------------------------------
 
+
 def _launcher(node: int, finished: bool = True, code: int | None = 0) -> dict:
-    return {"node_rank": node, "host": f"h{node}", "kind": "deepspeed", "command": ["deepspeed", str(node)],
-            "cwd": "/w", "started_at": f"2026-01-01T00:00:0{node}+00:00",
-            "finished_at": "2026-01-01T00:01:00+00:00" if finished else None, "exit_code": code,
-            "profiler": {"wait": 2}, "versions": {"torch": "2.13.0", "deepspeed": "0.19.8"}, "env": {}}
+    return {
+        "node_rank": node,
+        "host": f"h{node}",
+        "kind": "deepspeed",
+        "command": ["deepspeed", str(node)],
+        "cwd": "/w",
+        "started_at": f"2026-01-01T00:00:0{node}+00:00",
+        "finished_at": "2026-01-01T00:01:00+00:00" if finished else None,
+        "exit_code": code,
+        "profiler": {"wait": 2},
+        "versions": {"torch": "2.13.0", "deepspeed": "0.19.8"},
+        "env": {},
+    }
 
 
 def _rank_status(rank: int, state: str, **extra) -> dict:
-    return {"rank": rank, "world_size": 3, "local_rank": 0, "host": f"h{rank}", "pid": 100 + rank,
-            "backend": "gloo", "driver": "deepspeed", "versions": {"torch": "2.13.0+cpu", "cuda": None},
-            "gpu": None, "env": {"NCCL_DEBUG": "INFO"}, "cuda_sync_events": False,
-            "ds_config": {"train_batch_size": 8} if rank == 0 else None,
-            "capture": {"status": state, "error": None}, "summary": {"status": "pending", "pid": 1}, **extra}
+    return {
+        "rank": rank,
+        "world_size": 3,
+        "local_rank": 0,
+        "host": f"h{rank}",
+        "pid": 100 + rank,
+        "backend": "gloo",
+        "driver": "deepspeed",
+        "versions": {"torch": "2.13.0+cpu", "cuda": None},
+        "gpu": None,
+        "env": {"NCCL_DEBUG": "INFO"},
+        "cuda_sync_events": False,
+        "ds_config": {"train_batch_size": 8} if rank == 0 else None,
+        "capture": {"status": state, "error": None},
+        "summary": {"status": "pending", "pid": 1},
+        **extra,
+    }
 
 
 def test_merge_builds_the_manifest_from_status_files(tmp_path):
@@ -293,6 +335,7 @@ def test_wait_for_summaries_skips_dead_processes(tmp_path):
 
 # ---- supervisor --------------------------------------------------------------------------------------
 
+
 def test_child_exit_code_is_returned():
     from overlapcheck.capture import supervisor
 
@@ -303,15 +346,19 @@ def test_child_exit_code_is_returned():
 def test_signals_we_were_started_with_ignored_are_not_forwarded():
     import subprocess
 
-    child = ("import signal, time\n"
-             "signal.signal(signal.SIGHUP, lambda *a: print('child got SIGHUP', flush=True))\n"
-             "print('ready', flush=True)\n"
-             "time.sleep(1.5)\n")
-    parent = ("import os, signal, sys, threading\n"
-              "from overlapcheck.capture.supervisor import run_child\n"
-              "signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup\n"
-              "threading.Timer(0.8, os.kill, (os.getpid(), signal.SIGHUP)).start()\n"
-              f"sys.exit(run_child([sys.executable, '-c', {child!r}], dict(os.environ)))\n")
+    child = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGHUP, lambda *a: print('child got SIGHUP', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(1.5)\n"
+    )
+    parent = (
+        "import os, signal, sys, threading\n"
+        "from overlapcheck.capture.supervisor import run_child\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup\n"
+        "threading.Timer(0.8, os.kill, (os.getpid(), signal.SIGHUP)).start()\n"
+        f"sys.exit(run_child([sys.executable, '-c', {child!r}], dict(os.environ)))\n"
+    )
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "ready" and "SIGHUP" not in out.stdout

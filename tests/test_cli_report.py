@@ -10,18 +10,51 @@ from test_bad_input import run_cli
 from overlapcheck.analysis.metrics import COLLECTIVE_KEYS
 
 SPLIT_KEYS = {"count", "time_us", "overlapped_us", "exposed_us", "overlap"}
-RANK_KEYS = {"rank", "source", "world_size", "backend", "host", "lanes", "span_us", "busy_us", "compute_us", "idle_us",
-             "step_time_us", "exposed_share", "collectives", "memcpy", "memset", "streams", "steps", "notes"}  # fmt: skip
-STEP_KEYS = {"step", "start_us", "duration_us", "cpu_duration_us", "compute_us", "exposed_share", "collectives",
-             "memcpy", "memset"}  # fmt: skip
+RANK_KEYS = {
+    "rank",
+    "source",
+    "world_size",
+    "backend",
+    "host",
+    "lanes",
+    "span_us",
+    "busy_us",
+    "compute_us",
+    "idle_us",
+    "step_time_us",
+    "exposed_share",
+    "collectives",
+    "memcpy",
+    "memset",
+    "streams",
+    "steps",
+    "notes",
+}
+STEP_KEYS = {
+    "step",
+    "start_us",
+    "duration_us",
+    "cpu_duration_us",
+    "compute_us",
+    "exposed_share",
+    "collectives",
+    "memcpy",
+    "memset",
+}
 
 
 def make_set(tmp_path):
     for rank in range(2):
-        write_trace(tmp_path, f"rank{rank}.trace.json.gz", [
-            step(7, 0, 100), kernel("sm90_xmma_gemm_bf16", 0, 10, corr=1),
-            kernel("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 5, 10, stream=20, corr=2),
-        ], rank=rank)  # fmt: skip
+        write_trace(
+            tmp_path,
+            f"rank{rank}.trace.json.gz",
+            [
+                step(7, 0, 100),
+                kernel("sm90_xmma_gemm_bf16", 0, 10, corr=1),
+                kernel("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 5, 10, stream=20, corr=2),
+            ],
+            rank=rank,
+        )
     return tmp_path
 
 

@@ -53,8 +53,11 @@ def test_benchmark_syncs_are_all_found_with_their_call_sites(shared_traces: Path
     assert counts["cudaMemcpyAsync"] > 0
     # one GPU, no collectives: besides syncs, only the default stream waiting for the side streams' kernels
     assert {f["rule"] for f in found} == {"host-sync", "cross-stream-wait"}
-    waits = {e["args"]["wait_on_stream"] for e in raw_events(path)
-             if e.get("name") == "Stream Wait Event" and e["args"]["stream"] == 7}  # fmt: skip
+    waits = {
+        e["args"]["wait_on_stream"]
+        for e in raw_events(path)
+        if e.get("name") == "Stream Wait Event" and e["args"]["stream"] == 7
+    }
     wait = next(f for f in found if f["rule"] == "cross-stream-wait")
     assert wait["evidence"]["waited_for"] == "non-communication work" and wait["evidence"]["compute_stream"] == 7
     assert set(wait["evidence"]["waited_on_streams"]) <= waits
@@ -106,9 +109,15 @@ def test_python_stack_names_the_innermost_user_frame(shared_traces: Path) -> Non
     events = raw_events(path)
     sync = next(e for e in events if e.get("name") == "cudaStreamSynchronize")
     mid = sync["ts"] + sync["dur"] / 2
-    enclosing = [e for e in events if e.get("cat") == "python_function" and e["tid"] == sync["tid"]
-                 and e["ts"] <= mid < e["ts"] + e["dur"] and ".py(" in e["name"]
-                 and not e["name"].startswith(("torch/", "transformers/"))]  # fmt: skip
+    enclosing = [
+        e
+        for e in events
+        if e.get("cat") == "python_function"
+        and e["tid"] == sync["tid"]
+        and e["ts"] <= mid < e["ts"] + e["dur"]
+        and ".py(" in e["name"]
+        and not e["name"].startswith(("torch/", "transformers/"))
+    ]
     innermost = max(enclosing, key=lambda e: e["ts"])["name"]
     found = [
         f for f in findings(path) if f["rule"] == "host-sync" and f["evidence"]["calls"] == ["cudaStreamSynchronize"]
@@ -116,8 +125,14 @@ def test_python_stack_names_the_innermost_user_frame(shared_traces: Path) -> Non
     assert found[0]["evidence"]["call_site"] == innermost
 
 
-@pytest.mark.parametrize("name", ["cpu-zero3-gloo", "edge-cases/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
-                                  "edge-cases/resnet50-torch1.8-worker0.pt.trace.json.gz"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cpu-zero3-gloo",
+        "edge-cases/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+        "edge-cases/resnet50-torch1.8-worker0.pt.trace.json.gz",
+    ],
+)
 def test_traces_without_collective_kernels_get_no_overlap_findings(shared_traces: Path, name: str) -> None:
     rules = {f["rule"] for f in findings(shared_traces / name)}
     assert rules <= {"host-sync"}

@@ -37,8 +37,11 @@ def causes(preset: str, share: float) -> list[dict[str, Any]]:
 def cases(kind: str) -> list[Any]:
     """(preset, rule) pairs: every planted cause that costs something (listed with its fix) or that is large
     enough to rank (top with its cost)."""
-    return [pytest.param(preset, cause["rule"], id=f"{preset}:{cause['rule']}")
-            for preset in presets() for cause in causes(preset, RANKED_SHARE if kind == "cost" else LISTED_SHARE)]
+    return [
+        pytest.param(preset, cause["rule"], id=f"{preset}:{cause['rule']}")
+        for preset in presets()
+        for cause in causes(preset, RANKED_SHARE if kind == "cost" else LISTED_SHARE)
+    ]
 
 
 @pytest.mark.parametrize(("preset", "rule"), cases("fix"))
@@ -64,8 +67,9 @@ def test_planted_cause_is_top_with_the_truth_cost(preset: str, rule: str) -> Non
     assert found["severity"] in ("critical", "warning")
 
 
-@pytest.mark.parametrize("preset", [p for p in presets() if not json.loads(
-    (SAMPLES / p / "truth.json").read_text())["causes"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "preset", [p for p in presets() if not json.loads((SAMPLES / p / "truth.json").read_text())["causes"]]
+)
 def test_healthy_job_has_no_warning(preset: str) -> None:
     _, report = diagnosis(preset)
     assert [f["rule"] for f in report["findings"] if f["severity"] != "info"] == []
@@ -78,8 +82,9 @@ def test_explained_share_is_reported_for_a_planted_cause() -> None:
     assert 0.5 <= report["findings_explain_share"] <= 1.0
 
 
-@pytest.mark.parametrize("scenario", ["bucket-too-large+straggler", "comms-logger+straggler",
-                                      "throughput-timer+straggler"])
+@pytest.mark.parametrize(
+    "scenario", ["bucket-too-large+straggler", "comms-logger+straggler", "throughput-timer+straggler"]
+)
 def test_combined_presets_list_each_planted_cause(scenario: str, tmp_path: Path) -> None:
     from overlapcheck.simulate import generate
 

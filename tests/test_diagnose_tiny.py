@@ -17,8 +17,16 @@ AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
 def runtime(name: str, ts: float, dur: float, corr: int, tid: int = 100) -> dict[str, Any]:
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur,
-            "args": {"correlation": corr}}  # fmt: skip
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": 100,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
 
 
 def frame(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
@@ -40,8 +48,14 @@ def rules(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def sync_trace(tmp_path: Path, frames: list[str], call: str = "cudaStreamSynchronize") -> Path:
     """A kernel [0, 100) launched at 0; the host blocks in `call` over [10, 100) inside `frames`; the next
     kernel is launched at 130 and starts at 135: the compute stream starves over [100, 135)."""
-    events = [step(1, 0, 300), launch(0, 1), kernel(GEMM, 0, 100, corr=1), runtime(call, 10, 90, 2),
-              launch(130, 3), kernel(GEMM, 135, 50, corr=3)]  # fmt: skip
+    events = [
+        step(1, 0, 300),
+        launch(0, 1),
+        kernel(GEMM, 0, 100, corr=1),
+        runtime(call, 10, 90, 2),
+        launch(130, 3),
+        kernel(GEMM, 135, 50, corr=3),
+    ]
     events += [frame(name, 5 + i, 100 - 2 * i) for i, name in enumerate(frames)]
     tmp_path.mkdir(parents=True, exist_ok=True)
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=1)
@@ -49,9 +63,12 @@ def sync_trace(tmp_path: Path, frames: list[str], call: str = "cudaStreamSynchro
 
 
 def test_epilogue_sync_is_attributed_to_deepspeed_frame_with_its_starvation_cost(tmp_path: Path) -> None:
-    frames = ["train.py(10): main", "deepspeed/runtime/engine.py(3072): allreduce_gradients",
-              "deepspeed/runtime/zero/stage3.py(1407): independent_gradient_partition_epilogue",
-              "torch/cuda/streams.py(100): synchronize"]  # fmt: skip
+    frames = [
+        "train.py(10): main",
+        "deepspeed/runtime/engine.py(3072): allreduce_gradients",
+        "deepspeed/runtime/zero/stage3.py(1407): independent_gradient_partition_epilogue",
+        "torch/cuda/streams.py(100): synchronize",
+    ]
     found = rules(diagnose(sync_trace(tmp_path, frames)))
     f = found["epilogue-sync"]
     assert f["cost_us"] == 35.0  # [100, 135): queue empty until the next launch
@@ -77,9 +94,16 @@ def test_comms_logger_and_timer_syncs_are_recognised_by_their_frames(tmp_path: P
 
 def test_generic_sync_without_stacks_names_enclosing_ops(tmp_path: Path) -> None:
     folder = sync_trace(tmp_path, [])
-    events = [step(1, 0, 300), launch(0, 1), kernel(GEMM, 0, 100, corr=1), cpu_op("aten::item", 8, 94),
-              cpu_op("aten::_local_scalar_dense", 9, 92), runtime("cudaStreamSynchronize", 10, 90, 2),
-              launch(130, 3), kernel(GEMM, 135, 50, corr=3)]  # fmt: skip
+    events = [
+        step(1, 0, 300),
+        launch(0, 1),
+        kernel(GEMM, 0, 100, corr=1),
+        cpu_op("aten::item", 8, 94),
+        cpu_op("aten::_local_scalar_dense", 9, 92),
+        runtime("cudaStreamSynchronize", 10, 90, 2),
+        launch(130, 3),
+        kernel(GEMM, 135, 50, corr=3),
+    ]
     write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=1)
     f = rules(diagnose(folder))["host-sync"]
     assert f["evidence"]["call_site"] == "aten::_local_scalar_dense < aten::item"
@@ -88,8 +112,14 @@ def test_generic_sync_without_stacks_names_enclosing_ops(tmp_path: Path) -> None
 
 def test_sync_that_leaves_work_queued_costs_nothing(tmp_path: Path) -> None:
     # the host returns at 50 while the first kernel still runs until 100; the next one is queued behind it
-    events = [step(1, 0, 300), launch(0, 1), kernel(GEMM, 0, 100, corr=1), runtime("cudaEventSynchronize", 10, 40, 2),
-              launch(60, 3), kernel(GEMM, 100, 50, corr=3)]  # fmt: skip
+    events = [
+        step(1, 0, 300),
+        launch(0, 1),
+        kernel(GEMM, 0, 100, corr=1),
+        runtime("cudaEventSynchronize", 10, 40, 2),
+        launch(60, 3),
+        kernel(GEMM, 100, 50, corr=3),
+    ]
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=1)
     assert rules(diagnose(tmp_path))["host-sync"]["cost_us"] == 0.0
 
@@ -99,8 +129,12 @@ def backward_trace(tmp_path: Path, rs_during_backward: bool) -> Path:
     last backward kernel (deferred) or during backward."""
     bwd = [(launch(10 + 10 * i, 10 + i, tid=200), kernel(GEMM, 20 + 100 * i, 100, corr=10 + i)) for i in range(5)]
     events = [step(1, 0, 2000)] + [e for pair in bwd for e in pair]
-    rs_args = {"Collective name": "_reduce_scatter_base", "In msg nelems": 1000, "dtype": "BFloat16",
-               "Process Group Name": "1"}  # fmt: skip
+    rs_args = {
+        "Collective name": "_reduce_scatter_base",
+        "In msg nelems": 1000,
+        "dtype": "BFloat16",
+        "Process Group Name": "1",
+    }
     if rs_during_backward:
         events += [launch(15, 50, tid=200), kernel(RS, 30, 400, stream=17, corr=50, **rs_args)]
     else:
@@ -110,8 +144,10 @@ def backward_trace(tmp_path: Path, rs_during_backward: bool) -> Path:
 
 
 def test_reduce_scatter_after_backward_is_deferred_and_fix_sized_from_parameters(tmp_path: Path) -> None:
-    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000},
-              "_overlapcheck_model": {"parameters": 1000}}  # fmt: skip
+    config = {
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000},
+        "_overlapcheck_model": {"parameters": 1000},
+    }
     f = rules(diagnose(backward_trace(tmp_path, False), config))["reduce-scatter-deferred"]
     assert f["evidence"]["deferred_share"] == 1.0
     assert f["fix"] == {"config": {"zero_optimization.reduce_bucket_size": 250}}  # a quarter of 1000 params
@@ -127,8 +163,12 @@ def test_fix_never_repeats_what_the_config_sets() -> None:
     config = {"zero_optimization": {"reduce_bucket_size": 50_000_000, "stage3_prefetch_bucket_size": 0}}
     assert make_fix(config, {"zero_optimization.reduce_bucket_size": 50_000_000}) == {}
     assert config_value(config, "zero_optimization.stage3_prefetch_bucket_size") == 0
-    assert config_value({"zero_optimization": {"prefetch_bucket_size": 7}},
-                        "zero_optimization.stage3_prefetch_bucket_size") == 7  # fmt: skip
+    assert (
+        config_value(
+            {"zero_optimization": {"prefetch_bucket_size": 7}}, "zero_optimization.stage3_prefetch_bucket_size"
+        )
+        == 7
+    )
     assert make_fix(None, env={"CUDA_DEVICE_MAX_CONNECTIONS": None}) == {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}
     assert round_size(58_571_428) == 59_000_000 and round_size(250) == 250
     assert severity_of(20, 100) == "critical" and severity_of(5, 100) == "warning" and severity_of(1, 100) == "info"
@@ -152,10 +192,17 @@ def test_shared_communicator_and_serialized_all_gather(tmp_path: Path) -> None:
     # an all-gather prefetched at -1 waits on the shared communicator until the reduce-scatter ends at 300;
     # compute on stream 7 waits for the all-gather (stream wait) and idles from 100 to 500
     pg = {"Process Group Name": "2", "In msg nelems": 10, "dtype": "BFloat16"}
-    events = [step(1, 0, 1000), launch(0, 1), kernel(GEMM, 0, 100, corr=1),
-              launch(-2, 2), kernel(RS, 50, 250, stream=25, corr=2, **{"Collective name": "_reduce_scatter_base", **pg}),
-              launch(-1, 3), kernel(AG, 300, 200, stream=29, corr=3, **{"Collective name": "_allgather_base", **pg}),
-              launch(3, 4), kernel(GEMM, 500, 100, corr=4)]  # fmt: skip
+    events = [
+        step(1, 0, 1000),
+        launch(0, 1),
+        kernel(GEMM, 0, 100, corr=1),
+        launch(-2, 2),
+        kernel(RS, 50, 250, stream=25, corr=2, **{"Collective name": "_reduce_scatter_base", **pg}),
+        launch(-1, 3),
+        kernel(AG, 300, 200, stream=29, corr=3, **{"Collective name": "_allgather_base", **pg}),
+        launch(3, 4),
+        kernel(GEMM, 500, 100, corr=4),
+    ]
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     found = rules(diagnose(tmp_path, {"_overlapcheck_job": {"gpus_per_node": 8}}))
     f = found["same-communicator"]
@@ -170,11 +217,19 @@ def test_streams_that_never_overlap_point_to_max_connections(tmp_path: Path) -> 
     # kernels run strictly in launch order across streams; the step's first all-gather, issued at 1 µs while the
     # first GEMM ran until 100 µs, could have overlapped that GEMM (99 µs); the rest of it is waited for in any
     # configuration; the second one (prefetched, 300 µs) is waited for only because the streams are serialized
-    events = [step(1, 0, 2000), launch(0, 1), kernel(GEMM, 0, 100, corr=1),
-              launch(1, 2), kernel(AG, 100, 300, stream=21, corr=2, **ag),
-              launch(2, 3), kernel(GEMM, 400, 100, corr=3),
-              launch(3, 4), kernel(AG, 500, 300, stream=21, corr=4, **ag),
-              launch(4, 5), kernel(GEMM, 800, 100, corr=5)]  # fmt: skip
+    events = [
+        step(1, 0, 2000),
+        launch(0, 1),
+        kernel(GEMM, 0, 100, corr=1),
+        launch(1, 2),
+        kernel(AG, 100, 300, stream=21, corr=2, **ag),
+        launch(2, 3),
+        kernel(GEMM, 400, 100, corr=3),
+        launch(3, 4),
+        kernel(AG, 500, 300, stream=21, corr=4, **ag),
+        launch(4, 5),
+        kernel(GEMM, 800, 100, corr=5),
+    ]
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     found = rules(diagnose(tmp_path))
     f = found["no-stream-concurrency"]
@@ -190,9 +245,12 @@ def test_straggler_found_from_durations_despite_clock_offsets(tmp_path: Path) ->
         events = [step(1, offset, 5000)]
         for i in range(4):
             t = offset + 1000 * i
-            events += [launch(t, 10 * i + 1), kernel(GEMM, t, compute, corr=10 * i + 1),
-                       launch(t + 1, 10 * i + 2), kernel("ncclKernel_AllReduce_RING_LL_Sum_float", t + compute,
-                                                         dur, stream=40, corr=10 * i + 2, **ar)]  # fmt: skip
+            events += [
+                launch(t, 10 * i + 1),
+                kernel(GEMM, t, compute, corr=10 * i + 1),
+                launch(t + 1, 10 * i + 2),
+                kernel("ncclKernel_AllReduce_RING_LL_Sum_float", t + compute, dur, stream=40, corr=10 * i + 2, **ar),
+            ]
         write_trace(tmp_path, f"rank{rank}.trace.json.gz", events, rank=rank, world_size=2)
     f = rules(diagnose(tmp_path))["straggler"]
     assert f["ranks"] == [1] and f["evidence"]["last_to_arrive"] == "4/4 collectives"
@@ -204,7 +262,8 @@ def test_fix_drops_upgrades_and_variables_the_job_already_has(tmp_path: Path) ->
     folder = sync_trace(tmp_path, timer, "cudaDeviceSynchronize")
     new = {"_overlapcheck_job": {"deepspeed": "0.15.1", "env": {}}}
     assert rules(diagnose(folder, new))["throughput-timer-sync"]["fix"] == {
-        "config": {"timers.throughput.synchronized": False}}  # fmt: skip
+        "config": {"timers.throughput.synchronized": False}
+    }
     old = {"_overlapcheck_job": {"deepspeed": "0.13.3"}}
     assert rules(diagnose(folder, old))["throughput-timer-sync"]["fix"]["upgrade"] == "deepspeed>=0.14.3"
 
@@ -214,8 +273,12 @@ def test_many_small_all_gathers_are_latency_bound(tmp_path: Path) -> None:
     ag = {"Collective name": "_allgather_base", "Process Group Name": "0", "In msg nelems": 1000, "dtype": "BFloat16"}
     events = [step(1, 0, 10_000)]
     for i in range(40):
-        events += [launch(100 * i, 2 * i + 1), kernel(GEMM, 100 * i, 50, corr=2 * i + 1),
-                   launch(100 * i + 1, 2 * i + 2), kernel(AG, 100 * i + 60, 20, stream=21, corr=2 * i + 2, **ag)]  # fmt: skip
+        events += [
+            launch(100 * i, 2 * i + 1),
+            kernel(GEMM, 100 * i, 50, corr=2 * i + 1),
+            launch(100 * i + 1, 2 * i + 2),
+            kernel(AG, 100 * i + 60, 20, stream=21, corr=2 * i + 2, **ag),
+        ]
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     config = {"zero_optimization": {"stage3_param_persistence_threshold": 100_000}}
     f = rules(diagnose(tmp_path, config))["tiny-collectives"]

@@ -44,7 +44,8 @@ def test_parse_fraction_rejects(text):
 
 def test_parse_min_overlap_kinds():
     assert parse_min_overlap(["reduce_scatter=0.8", "all-gather=75%", "all=0.5"]) == pytest.approx(
-        {"reduce_scatter": 0.8, "all_gather": 0.75, "all": 0.5})
+        {"reduce_scatter": 0.8, "all_gather": 0.75, "all": 0.5}
+    )
     for bad in (["reduce_scatter"], ["allreduce=0.5"], ["all_gather=high"]):
         with pytest.raises(UserError):
             parse_min_overlap(bad)
@@ -57,13 +58,16 @@ def test_parse_regressions_defaults_to_all_and_allows_over_100_percent():
         parse_regressions(["10"])  # ambiguous: 10 = 1000 %? must be written 10% or 0.1
 
 
-@pytest.mark.parametrize(("doc", "message"), [
-    ([], "not an overlapcheck report"),
-    ({"schema": "other/1"}, "not an overlapcheck report"),
-    ({"schema": "overlapcheck.report/2", "ranks": []}, "not supported"),
-    ({"schema": "overlapcheck.report/1", "ranks": {}}, "'ranks' is not a list"),
-    ({"schema": "overlapcheck.report/1", "ranks": [{"rank": 0}]}, "no 'collectives'"),
-])
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([], "not an overlapcheck report"),
+        ({"schema": "other/1"}, "not an overlapcheck report"),
+        ({"schema": "overlapcheck.report/2", "ranks": []}, "not supported"),
+        ({"schema": "overlapcheck.report/1", "ranks": {}}, "'ranks' is not a list"),
+        ({"schema": "overlapcheck.report/1", "ranks": [{"rank": 0}]}, "no 'collectives'"),
+    ],
+)
 def test_validate_report_rejects(doc, message):
     with pytest.raises(UserError, match=message):
         validate_report(doc)
@@ -155,8 +159,13 @@ def test_overlap_drop_in_points():
     checks = by_id(run_checks(make_report(4, overlaps=[0.76] * 4), GateConfig(), baseline=base))
     drop = checks["overlap-drop.all"]
     assert drop.passed and "-4.0 pts" in drop.measured and drop.limit == "drop ≤ 5.0 pts"
-    checks = by_id(run_checks(make_report(4, overlaps=[0.7] * 4),
-                              GateConfig(max_overlap_drop={"all": 0.05, "all_gather": 0.2}), baseline=base))
+    checks = by_id(
+        run_checks(
+            make_report(4, overlaps=[0.7] * 4),
+            GateConfig(max_overlap_drop={"all": 0.05, "all_gather": 0.2}),
+            baseline=base,
+        )
+    )
     assert not checks["overlap-drop.all"].passed and checks["overlap-drop.all_gather"].passed
     assert "exposed-regression.all" not in checks  # explicit baseline checks replace the defaults
     vanished = by_id(run_checks(base, GateConfig(max_overlap_drop={"all_to_all": 0.0}), baseline=base))
@@ -169,8 +178,9 @@ def test_baseline_default_tolerance_is_10_percent():
     checks = run_checks(slightly, GateConfig(ignore_below_us=0), baseline=base)
     assert [c.id for c in checks] == ["inputs", "exposed-regression.all", "overlap-drop.all"]
     assert exit_code(checks) == 0
-    assert exit_code(run_checks(make_report(2, overlaps=[0.77, 0.77]), GateConfig(ignore_below_us=0),
-                                baseline=base)) == 1  # +15 %
+    assert (
+        exit_code(run_checks(make_report(2, overlaps=[0.77, 0.77]), GateConfig(ignore_below_us=0), baseline=base)) == 1
+    )  # +15 %
 
 
 def test_noise_floor_absorbs_small_absolute_regressions():
@@ -178,8 +188,9 @@ def test_noise_floor_absorbs_small_absolute_regressions():
     cur = make_report(1, overlaps=[0.8])  # exposed per step 2250 µs -> 3000 µs: +33 %, +750 µs
     strict = run_checks(cur, GateConfig(max_exposed_regression={"all": 0.1}, ignore_below_us=0), baseline=base)
     assert exit_code(strict) == 1
-    loose = by_id(run_checks(cur, GateConfig(max_exposed_regression={"all": 0.1}, ignore_below_us=1000),
-                             baseline=base))["exposed-regression.all"]
+    loose = by_id(
+        run_checks(cur, GateConfig(max_exposed_regression={"all": 0.1}, ignore_below_us=1000), baseline=base)
+    )["exposed-regression.all"]
     assert loose.passed and "noise floor" in loose.detail
 
 
@@ -202,8 +213,12 @@ def test_regression_without_baseline_is_a_user_error():
 def _mixed_checks():
     base = make_report(4, overlaps=[0.8] * 4)
     cur = make_report(4, overlaps=[0.8, 0.8, 0.5, 0.8])
-    config = GateConfig(min_overlap={"all": 0.6, "reduce_scatter": 0.5}, max_exposed_share=0.5,
-                        max_exposed_regression={"all": 0.1}, across="worst")
+    config = GateConfig(
+        min_overlap={"all": 0.6, "reduce_scatter": 0.5},
+        max_exposed_share=0.5,
+        max_exposed_regression={"all": 0.1},
+        across="worst",
+    )
     return run_checks(cur, config, baseline=base)
 
 
@@ -212,8 +227,13 @@ def test_junit_has_one_case_per_check_and_failures():
     root = ET.fromstring(render_junit(checks).encode("utf-8"))
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
-    assert [c.get("name") for c in cases] == ["inputs", "min-overlap.all", "min-overlap.reduce_scatter",
-                                              "max-exposed-share", "exposed-regression.all"]
+    assert [c.get("name") for c in cases] == [
+        "inputs",
+        "min-overlap.all",
+        "min-overlap.reduce_scatter",
+        "max-exposed-share",
+        "exposed-regression.all",
+    ]
     failed = {c.get("name") for c in cases if c.find("failure") is not None}
     assert failed == {"min-overlap.all", "min-overlap.reduce_scatter", "exposed-regression.all"}
     assert suite.get("tests") == "5" and suite.get("failures") == "3"
@@ -221,10 +241,10 @@ def test_junit_has_one_case_per_check_and_failures():
 
 
 def test_junit_escapes_strings():
-    report = make_report(1, errors=[{"source": "<rank&1>\"]]>.json", "error": "bad"}])
+    report = make_report(1, errors=[{"source": '<rank&1>"]]>.json', "error": "bad"}])
     xml = render_junit(run_checks(report, GateConfig(max_exposed_share=1.0)))
     failure = ET.fromstring(xml.encode("utf-8")).find("testsuite/testcase/failure")
-    assert "<rank&1>\"]]>.json" in failure.text
+    assert '<rank&1>"]]>.json' in failure.text
 
 
 def test_markdown_summary_table():

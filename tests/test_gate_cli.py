@@ -18,6 +18,7 @@ def write(tmp_path):
         path = tmp_path / name
         path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
         return str(path)
+
     return _write
 
 
@@ -49,12 +50,26 @@ def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
     base = write("base.json", make_report(4, overlaps=[0.8] * 4))
     cur = write("cur.json", make_report(4, overlaps=[0.8, 0.8, 0.7, 0.8]))
     junit, md, summary = tmp_path / "gate.xml", tmp_path / "gate.md", tmp_path / "summary.md"
-    result = gate(cur, "--baseline", base, "--max-exposed-regression", "10%", "--across", "worst", "--junit", str(junit),
-                  "--markdown", str(md), env={"GITHUB_STEP_SUMMARY": str(summary)})
+    result = gate(
+        cur,
+        "--baseline",
+        base,
+        "--max-exposed-regression",
+        "10%",
+        "--across",
+        "worst",
+        "--junit",
+        str(junit),
+        "--markdown",
+        str(md),
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )
     assert result.exit_code == 1, result.output
     cases = ET.parse(junit).getroot().findall("testsuite/testcase")
     assert [(c.get("name"), c.find("failure") is not None) for c in cases] == [
-        ("inputs", False), ("exposed-regression.all", True)]
+        ("inputs", False),
+        ("exposed-regression.all", True),
+    ]
     assert md.read_text().startswith("### ❌ overlapcheck gate failed: 1 of 2 checks")
     assert summary.read_text() == md.read_text()
 
@@ -73,19 +88,22 @@ def test_overlap_drop_exit_1(write):
     assert result.exit_code == 1 and "-8.0 pts" in result.output
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["missing.json", "--min-overlap", "all=0.5"], "missing.json: no such file"),
-    (["{dir}/notjson.json", "--min-overlap", "all=0.5"], "not JSON"),
-    (["{dir}/other.json", "--min-overlap", "all=0.5"], "not an overlapcheck report"),
-    (["{dir}/v2.json", "--min-overlap", "all=0.5"], "not supported"),
-    (["{dir}/ok.json", "--min-overlap", "all=high"], "not a number"),
-    (["{dir}/ok.json", "--min-overlap", "rs=0.5"], "unknown collective"),
-    (["{dir}/ok.json", "--max-exposed-share", "20"], "above 1"),
-    (["{dir}/ok.json", "--max-exposed-regression", "10%"], "need --baseline"),
-    (["{dir}/ok.json", "--baseline", "{dir}/v2.json"], "not supported"),
-    (["{dir}/ok.json", "--baseline", "{dir}/ok.json", "--ignore-below-us", "x"], "not a number"),
-    (["{dir}/ok.json"], "nothing to check"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.json", "--min-overlap", "all=0.5"], "missing.json: no such file"),
+        (["{dir}/notjson.json", "--min-overlap", "all=0.5"], "not JSON"),
+        (["{dir}/other.json", "--min-overlap", "all=0.5"], "not an overlapcheck report"),
+        (["{dir}/v2.json", "--min-overlap", "all=0.5"], "not supported"),
+        (["{dir}/ok.json", "--min-overlap", "all=high"], "not a number"),
+        (["{dir}/ok.json", "--min-overlap", "rs=0.5"], "unknown collective"),
+        (["{dir}/ok.json", "--max-exposed-share", "20"], "above 1"),
+        (["{dir}/ok.json", "--max-exposed-regression", "10%"], "need --baseline"),
+        (["{dir}/ok.json", "--baseline", "{dir}/v2.json"], "not supported"),
+        (["{dir}/ok.json", "--baseline", "{dir}/ok.json", "--ignore-below-us", "x"], "not a number"),
+        (["{dir}/ok.json"], "nothing to check"),
+    ],
+)
 def test_bad_input_exit_2_one_line(write, tmp_path, args, message):
     write("notjson.json", "{nope")
     write("other.json", {"traceEvents": []})

@@ -11,8 +11,9 @@ from overlapcheck.cli import main
 def simulate_and_analyze(tmp_path, scenario: str, seed: int) -> str:
     runner = CliRunner()
     out = tmp_path / f"{scenario}-{seed}"
-    result = runner.invoke(main, ["simulate", "--scenario", scenario, "--seed", str(seed), "--steps", "2",
-                                  "--out", str(out)])
+    result = runner.invoke(
+        main, ["simulate", "--scenario", scenario, "--seed", str(seed), "--steps", "2", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     report = tmp_path / f"{scenario}-{seed}.json"
     result = runner.invoke(main, ["analyze", str(out), "--format", "json", "-o", str(report)])

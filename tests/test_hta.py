@@ -54,8 +54,14 @@ def job_files(row: R.ManifestRow) -> list[str]:
 
 def job_step_names(row: R.ManifestRow) -> int:
     """Distinct ProfilerStep names in the whole job: HTA's last-step filter looks at its job-wide symbol table."""
-    return len({e["name"] for p in job_files(row) for e in raw(p).events
-                if "ProfilerStep" in str(e.get("name", "")) and e.get("dur") is not None})  # fmt: skip
+    return len(
+        {
+            e["name"]
+            for p in job_files(row)
+            for e in raw(p).events
+            if "ProfilerStep" in str(e.get("name", "")) and e.get("dur") is not None
+        }
+    )
 
 
 def emulate(row: R.ManifestRow, path: str, **rules: bool) -> float:
@@ -161,9 +167,11 @@ def test_each_hta_switch_alone_matches_its_rule(folders, hta_default):
         for path in job_files(row):
             rules = {r: False for r in R.ALL_HTA_RULES}
             assert hta_pct(rounding_only, row, path) == pytest.approx(
-                emulate(row, path, **{**rules, "ns_rounding": True}), abs=TOL)
+                emulate(row, path, **{**rules, "ns_rounding": True}), abs=TOL
+            )
             assert hta_pct(filter_only, row, path) == pytest.approx(
-                emulate(row, path, **{**rules, "last_step_filter": True}), abs=TOL)
+                emulate(row, path, **{**rules, "last_step_filter": True}), abs=TOL
+            )
             assert hta_pct(filter_only, row, path) != pytest.approx(hta_pct(hta_default, row, path), abs=TOL)
 
 
@@ -194,8 +202,9 @@ def test_hta_last_step_filter_is_what_hta_does(hta_default, row, path):
     trace = raw(path)
     rows, _ = _kernel_rows(analysis, trace.rank)
     keep = R.launched_before_last_step(trace, R.has_float_ts(trace)) if job_step_names(row) >= 2 else None
-    expected = sorted(k.args["correlation"] for k in trace.kernels(("kernel",))
-                      if keep is None or k.args["correlation"] in keep)  # fmt: skip
+    expected = sorted(
+        k.args["correlation"] for k in trace.kernels(("kernel",)) if keep is None or k.args["correlation"] in keep
+    )
     assert sorted(rows["correlation"].tolist()) == expected
     if keep is not None:
         assert len(expected) < len(trace.kernels(("kernel",)))

@@ -63,18 +63,25 @@ class Page(HTMLParser):
 
 def hostile_report() -> dict:
     """Every string a trace or a user can control carries an HTML/JS payload."""
-    report = make_report(4, findings=[make_finding(title=f"Kernel {XSS_IMG} is exposed", why=XSS_SCRIPT,
-                                                   evidence={"kernel": XSS_SCRIPT, "stack": [XSS_IMG],
-                                                             XSS_IMG: 1.5},
-                                                   fix={"config": {f"zero_optimization.{XSS_IMG}": XSS_SCRIPT},
-                                                        "env": {"NCCL_X": XSS_SCRIPT}})],
-                         errors=[{"source": XSS_SCRIPT, "error": XSS_IMG}])
+    report = make_report(
+        4,
+        findings=[
+            make_finding(
+                title=f"Kernel {XSS_IMG} is exposed",
+                why=XSS_SCRIPT,
+                evidence={"kernel": XSS_SCRIPT, "stack": [XSS_IMG], XSS_IMG: 1.5},
+                fix={"config": {f"zero_optimization.{XSS_IMG}": XSS_SCRIPT}, "env": {"NCCL_X": XSS_SCRIPT}},
+            )
+        ],
+        errors=[{"source": XSS_SCRIPT, "error": XSS_IMG}],
+    )
     report["ranks"][1]["source"] = XSS_SCRIPT
     report["ranks"][1]["host"] = XSS_IMG
     report["ranks"][2]["notes"] = [XSS_SCRIPT]
     report["run"] = {"launcher": XSS_IMG}
-    report["timelines"] = {str(r): make_timeline(seed=r, kernel_name=XSS_SCRIPT if r % 2 else XSS_IMG)
-                           for r in range(4)}
+    report["timelines"] = {
+        str(r): make_timeline(seed=r, kernel_name=XSS_SCRIPT if r % 2 else XSS_IMG) for r in range(4)
+    }
     report["timelines"]["3"]["lanes"][0]["label"] = XSS_SCRIPT
     return report
 
@@ -87,8 +94,18 @@ def test_page_has_every_section_and_the_numbers():
     report["timelines"] = {str(r): make_timeline(seed=r) for r in range(4)}
     page = Page(render_html(report))
     ids = {a.get("id") for _, a in page.tags}
-    assert {"verdict", "ranks", "collectives", "timeline", "findings", "crossrank", "oc-tl-canvas",
-            "oc-rank-table", "oc-bars", "oc-config"} <= ids
+    assert {
+        "verdict",
+        "ranks",
+        "collectives",
+        "timeline",
+        "findings",
+        "crossrank",
+        "oc-tl-canvas",
+        "oc-rank-table",
+        "oc-bars",
+        "oc-config",
+    } <= ids
     text = page.visible()
     assert "86.5%" in text  # median overlap of 0.9, 0.85, 0.6, 0.88
     assert "rank 2" in text and "60.0% hidden" in text  # worst rank
@@ -109,7 +126,8 @@ def test_findings_show_a_nested_ds_config_patch_and_env_lines():
     html = render_html(make_report(2))
     patch = re.search(r'<pre class="code json" id="oc-patch-0">(.*?)</pre>', html, re.S).group(1)
     assert json.loads(patch.replace("&#34;", '"')) == {
-        "zero_optimization": {"reduce_bucket_size": 50000000, "overlap_comm": True}}
+        "zero_optimization": {"reduce_bucket_size": 50000000, "overlap_comm": True}
+    }
     assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in html and "export NCCL_ALGO=Ring" in html
     assert "pip install &#39;deepspeed&gt;=0.14.3&#39;" in html
 
@@ -241,8 +259,11 @@ def test_tolerates_nulls_and_partial_documents():
     report.update(tool=None, summary=None, findings_explain_share=None)
     report["ranks"][0].update(host=None, exposed_share=None, steps=[])
     report["findings"][0].update(fix=None, evidence=None, cost_us=None)
-    report["timelines"] = {"0": {"step": None, "lanes": [], "events": [], "names": [], "exposed": []},
-                           "not-a-rank": {}, "1": {"events": [[0, "bad", 1, "compute", 0], None]}}
+    report["timelines"] = {
+        "0": {"step": None, "lanes": [], "events": [], "names": [], "exposed": []},
+        "not-a-rank": {},
+        "1": {"events": [[0, "bad", 1, "compute", 0], None]},
+    }
     page = Page(render_html(report))
     assert "Reduce-scatter runs after the last backward kernel" in page.visible()
     assert [b["rank"] for b in page.json_blocks() if "lanes" in b] == [0, 1]

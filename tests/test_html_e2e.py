@@ -22,8 +22,9 @@ pytestmark = pytest.mark.skipif(not DLRM.is_dir(), reason="needs ../shared/trace
 def analyzed(tmp_path_factory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("dlrm")
     report, html = out / "report.json", out / "report.html"
-    result = CliRunner().invoke(main, ["analyze", str(DLRM), "--format", "json", "-o", str(report),
-                                       "--html", str(html)])
+    result = CliRunner().invoke(
+        main, ["analyze", str(DLRM), "--format", "json", "-o", str(report), "--html", str(html)]
+    )
     assert result.exit_code == 0, result.output
     return report, html
 
@@ -45,15 +46,18 @@ def test_real_report_page(analyzed):
 def test_gate_on_real_report(analyzed, tmp_path):
     report_path, _ = analyzed
     runner = CliRunner()
-    same = runner.invoke(main, ["gate", str(report_path), "--baseline", str(report_path)],
-                         env={"GITHUB_STEP_SUMMARY": ""})
+    same = runner.invoke(
+        main, ["gate", str(report_path), "--baseline", str(report_path)], env={"GITHUB_STEP_SUMMARY": ""}
+    )
     assert same.exit_code == 0, same.output
     # MANIFEST.md: worker4 overlaps 0.56 %, every rank under 10 %
-    low = runner.invoke(main, ["gate", str(report_path), "--min-overlap", "all=0.005"],
-                        env={"GITHUB_STEP_SUMMARY": ""})
+    low = runner.invoke(main, ["gate", str(report_path), "--min-overlap", "all=0.005"], env={"GITHUB_STEP_SUMMARY": ""})
     assert low.exit_code == 0, low.output
-    high = runner.invoke(main, ["gate", str(report_path), "--min-overlap", "all=0.01", "--junit",
-                                str(tmp_path / "j.xml")], env={"GITHUB_STEP_SUMMARY": ""})
+    high = runner.invoke(
+        main,
+        ["gate", str(report_path), "--min-overlap", "all=0.01", "--junit", str(tmp_path / "j.xml")],
+        env={"GITHUB_STEP_SUMMARY": ""},
+    )
     assert high.exit_code == 1 and "worst rank 4 of 8" in high.output
     saved = runner.invoke(main, ["baseline", "save", str(report_path), str(tmp_path / "base.json")])
     assert saved.exit_code == 0 and "8 ranks" in saved.output

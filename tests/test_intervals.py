@@ -42,9 +42,11 @@ def test_empty_inputs():
 @pytest.mark.parametrize("seed", range(40))
 def test_operations_match_brute_force(seed):
     rng = np.random.default_rng(seed)
+
     def rand():  # noqa: E306
         s = rng.integers(0, 60, size=rng.integers(0, 8))
         return s, s + rng.integers(0, 10, size=len(s))
+
     (sa, ea), (sb, eb) = rand(), rand()
     a, b = iv.union(sa, ea), iv.union(sb, eb)
     ga, gb = grid(sa, ea, 80), grid(sb, eb, 80)

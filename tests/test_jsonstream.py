@@ -81,21 +81,38 @@ def test_real_traces_typed_events_match_conversion(path: str, chunks) -> None:
 # Events written to fool a boundary guess: every `{`, `}`, `[`, `]`, `,` and quote here sits inside a string or a
 # nested value, so a cut there is not between two events.
 ADVERSARIAL = [
-    {"ph": "X", "cat": "cpu_op", "name": "a}, {b", "ts": 1, "dur": 2, "args": {"x": "}, {\"ph\": \"X\"}"}},
-    {"ph": "X", "cat": "cpu_op", "name": "quote \" and \\ backslash \\\\", "ts": 2.5, "dur": 1},
-    {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL(x)", "pid": 0, "tid": 7, "ts": 3,
-     "dur": 4, "args": {"stream": 7, "correlation": 11, "list": [{"a": 1}, {"b": [2, {"c": "]}"}]}]}},
-    {"ph": "X", "cat": "python_function", "name": "ünïcødé ☃ \u2028 \U0001F600 \\u0041", "ts": 4, "dur": 0},
-    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5, "dur": 1,
-     "args": {"correlation": 11, "weird": "\\\"}, {\\\""}},
+    {"ph": "X", "cat": "cpu_op", "name": "a}, {b", "ts": 1, "dur": 2, "args": {"x": '}, {"ph": "X"}'}},
+    {"ph": "X", "cat": "cpu_op", "name": 'quote " and \\ backslash \\\\', "ts": 2.5, "dur": 1},
+    {
+        "ph": "X",
+        "cat": "kernel",
+        "name": "ncclDevKernel_AllGather_RING_LL(x)",
+        "pid": 0,
+        "tid": 7,
+        "ts": 3,
+        "dur": 4,
+        "args": {"stream": 7, "correlation": 11, "list": [{"a": 1}, {"b": [2, {"c": "]}"}]}]},
+    },
+    {"ph": "X", "cat": "python_function", "name": "ünïcødé ☃ \u2028 \U0001f600 \\u0041", "ts": 4, "dur": 0},
+    {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "ts": 5,
+        "dur": 1,
+        "args": {"correlation": 11, "weird": '\\"}, {\\"'},
+    },
     {"ph": "s", "cat": "ac2g", "id": 11, "pid": 1, "tid": 1, "ts": 5, "name": "[{]},{\\"},
     {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main },{ thread"}},
     {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 10, "args": {}},
     {"ph": "i", "name": "", "ts": 6, "args": {"nested": {"deeper": {"deepest": [[], [{}], "}{"]}}}},
     {},
-]  # fmt: skip
-METADATA = {"schemaVersion": 1, "deviceProperties": [{"id": 0}, {"id": 1, "name": "}, {"}],
-            "distributedInfo": {"rank": 3, "pg_config": [{"ranks": [0, 1]}, {"ranks": []}]}}  # fmt: skip
+]
+METADATA = {
+    "schemaVersion": 1,
+    "deviceProperties": [{"id": 0}, {"id": 1, "name": "}, {"}],
+    "distributedInfo": {"rank": 3, "pg_config": [{"ranks": [0, 1]}, {"ranks": []}]},
+}
 
 
 def layouts() -> dict[str, bytes]:
@@ -106,8 +123,9 @@ def layouts() -> dict[str, bytes]:
         "minified": json.dumps({**METADATA, "traceEvents": ADVERSARIAL}, separators=(",", ":")).encode(),
         "ascii escapes": json.dumps({"traceEvents": ADVERSARIAL, **METADATA}).encode(),
         "events first, metadata after": json.dumps({"traceEvents": ADVERSARIAL, **METADATA}, indent=1).encode(),
-        "events in the middle": json.dumps({"a": [1, {"b": "}, {"}], "traceEvents": ADVERSARIAL, "z": {"q": []}}
-                                           ).encode(),  # fmt: skip
+        "events in the middle": json.dumps(
+            {"a": [1, {"b": "}, {"}], "traceEvents": ADVERSARIAL, "z": {"q": []}}
+        ).encode(),
         "bare list": json.dumps(ADVERSARIAL, indent=4).encode(),
         "bare list minified": json.dumps(ADVERSARIAL, separators=(",", ":")).encode(),
         "kineto-like spacing": b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n  '

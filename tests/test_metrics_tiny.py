@@ -23,15 +23,25 @@ def test_comm_half_hidden_by_compute_on_another_stream(tmp_path):
     rs = r["collectives"]["reduce_scatter"]
     assert rs == {"count": 1, "time_us": 10.0, "overlapped_us": 5.0, "exposed_us": 5.0, "overlap": 0.5}
     assert r["collectives"]["all"] == rs
-    assert r["collectives"]["all_gather"] == {"count": 0, "time_us": 0.0, "overlapped_us": 0.0,
-                                               "exposed_us": 0.0, "overlap": None}  # fmt: skip
+    assert r["collectives"]["all_gather"] == {
+        "count": 0,
+        "time_us": 0.0,
+        "overlapped_us": 0.0,
+        "exposed_us": 0.0,
+        "overlap": None,
+    }
     assert r["span_us"] == 15 and r["busy_us"] == 15 and r["compute_us"] == 10 and r["idle_us"] == 0
 
 
 def test_nested_and_overlapping_kernels_on_one_stream_are_counted_once(tmp_path):
-    events = [kernel(GEMM, 0, 10), kernel(GEMM, 2, 3), kernel(GEMM, 8, 4),  # compute union [0, 12)
-              kernel(AG_NEW, 0, 6, stream=30), kernel(AG_NEW, 4, 4, stream=30),  # comm union [0, 8)
-              kernel(AG_NEW, 20, 5, stream=30)]  # fmt: skip
+    events = [
+        kernel(GEMM, 0, 10),
+        kernel(GEMM, 2, 3),
+        kernel(GEMM, 8, 4),  # compute union [0, 12)
+        kernel(AG_NEW, 0, 6, stream=30),
+        kernel(AG_NEW, 4, 4, stream=30),  # comm union [0, 8)
+        kernel(AG_NEW, 20, 5, stream=30),
+    ]
     r = rank_of(tmp_path, events)
     ag = r["collectives"]["all_gather"]
     assert ag["count"] == 3
@@ -61,11 +71,13 @@ def test_zero_length_events_count_but_cover_nothing(tmp_path):
 
 
 def test_collective_name_arg_wins_over_kernel_name(tmp_path):
-    events = [kernel("ncclDevKernel_Generic", 0, 5, stream=20, **{"Collective name": "_reduce_scatter_base"}),
-              kernel("ncclKernel_SendRecv(ncclWorkElem)", 10, 5, stream=20, **{"Collective name": "all_to_all"}),
-              kernel("ncclDevKernel_SendRecv", 20, 5, stream=20),
-              kernel("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)", 30, 5, stream=20),
-              kernel("ncclDevKernel_Generic", 40, 5, stream=20)]  # fmt: skip
+    events = [
+        kernel("ncclDevKernel_Generic", 0, 5, stream=20, **{"Collective name": "_reduce_scatter_base"}),
+        kernel("ncclKernel_SendRecv(ncclWorkElem)", 10, 5, stream=20, **{"Collective name": "all_to_all"}),
+        kernel("ncclDevKernel_SendRecv", 20, 5, stream=20),
+        kernel("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)", 30, 5, stream=20),
+        kernel("ncclDevKernel_Generic", 40, 5, stream=20),
+    ]
     c = rank_of(tmp_path, events)["collectives"]
     counts = {k: v["count"] for k, v in c.items() if v["count"]}
     assert counts == {"all": 5, "reduce_scatter": 1, "all_to_all": 1, "send_recv": 1, "broadcast": 1, "other": 1}
@@ -73,11 +85,18 @@ def test_collective_name_arg_wins_over_kernel_name(tmp_path):
 
 def test_kernel_belongs_to_the_step_that_launched_it(tmp_path):
     # step 1 launches an RS at t=8 that runs at t=12..20, after step 1's CPU span [0, 10) ended
-    events = [step(1, 0, 10), step(2, 10, 10),
-              launch(2, corr=1), kernel(GEMM, 3, 6, corr=1),
-              launch(8, corr=2), kernel(RS_OLD, 12, 8, stream=20, corr=2),
-              launch(11, corr=3), kernel(GEMM, 14, 4, corr=3),
-              memcpy(21, 2, corr=4), launch(12, corr=4)]  # fmt: skip
+    events = [
+        step(1, 0, 10),
+        step(2, 10, 10),
+        launch(2, corr=1),
+        kernel(GEMM, 3, 6, corr=1),
+        launch(8, corr=2),
+        kernel(RS_OLD, 12, 8, stream=20, corr=2),
+        launch(11, corr=3),
+        kernel(GEMM, 14, 4, corr=3),
+        memcpy(21, 2, corr=4),
+        launch(12, corr=4),
+    ]
     r = rank_of(tmp_path, events)
     s1, s2 = r["steps"]
     assert s1["step"] == 1 and s2["step"] == 2
@@ -94,7 +113,11 @@ def test_kernel_belongs_to_the_step_that_launched_it(tmp_path):
 
 def test_memcpy_is_neither_compute_nor_comm_and_its_exposed_time_is_reported(tmp_path):
     r = rank_of(tmp_path, [kernel(GEMM, 0, 10), memcpy(5, 10, stream=21), kernel(RS_OLD, 12, 2, stream=22)])
-    assert r["memcpy"] == {"count": 1, "time_us": 10.0, "exposed_us": 3.0}  # [5,15) - [0,10) - [12,14) = [10,12) + [14,15)
+    assert r["memcpy"] == {
+        "count": 1,
+        "time_us": 10.0,
+        "exposed_us": 3.0,
+    }  # [5,15) - [0,10) - [12,14) = [10,12) + [14,15)
     assert r["compute_us"] == 10
     assert r["collectives"]["all"]["overlap"] == 0.0  # memcpy does not hide communication
 
@@ -115,16 +138,48 @@ def test_no_gpu_kernels_is_not_an_error(tmp_path):
 def test_torch_1_8_schema_bare_list_old_categories(tmp_path):
     events = [
         {"ph": "X", "cat": "Operator", "name": "ProfilerStep#5", "pid": 1, "tid": "140", "ts": 0, "dur": 50},
-        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": "140", "ts": 1, "dur": 2,
-         "args": {"correlation": 9, "external id": 3}},
-        {"ph": "X", "cat": "Kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclColl)", "pid": 0,
-         "tid": "stream 13", "ts": 10, "dur": 10, "args": {"stream": 13, "correlation": 9, "device": 0}},
-        {"ph": "X", "cat": "Kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": "stream 7", "ts": 12,
-         "dur": 4, "args": {"correlation": 10, "device": 0}},
-        {"ph": "X", "cat": "Memset", "name": "Memset (Device)", "pid": 0, "tid": "stream 7", "ts": 30, "dur": 1,
-         "args": {"stream": 7, "correlation": 11}},
+        {
+            "ph": "X",
+            "cat": "Runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": "140",
+            "ts": 1,
+            "dur": 2,
+            "args": {"correlation": 9, "external id": 3},
+        },
+        {
+            "ph": "X",
+            "cat": "Kernel",
+            "name": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclColl)",
+            "pid": 0,
+            "tid": "stream 13",
+            "ts": 10,
+            "dur": 10,
+            "args": {"stream": 13, "correlation": 9, "device": 0},
+        },
+        {
+            "ph": "X",
+            "cat": "Kernel",
+            "name": "volta_sgemm_128x64_nn",
+            "pid": 0,
+            "tid": "stream 7",
+            "ts": 12,
+            "dur": 4,
+            "args": {"correlation": 10, "device": 0},
+        },
+        {
+            "ph": "X",
+            "cat": "Memset",
+            "name": "Memset (Device)",
+            "pid": 0,
+            "tid": "stream 7",
+            "ts": 30,
+            "dur": 1,
+            "args": {"stream": 7, "correlation": 11},
+        },
         {"ph": "s", "id": 9, "pid": 1, "tid": 140, "ts": 1, "cat": "async", "name": "launch"},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "worker3.pt.trace.json"
     path.write_text(json.dumps(events))
     r = analyze_trace(str(path))
@@ -147,8 +202,13 @@ def test_plain_and_gzipped_json_give_the_same_numbers(tmp_path):
 
 def test_cross_rank_summary_min_median_max_and_worst(tmp_path):
     for rank, hidden in enumerate([2, 8, 5]):
-        write_trace(tmp_path, f"rank{rank}.json.gz", [kernel(GEMM, 0, hidden), kernel(RS_OLD, 0, 10, stream=20)],
-                    rank=rank, world_size=3)  # fmt: skip
+        write_trace(
+            tmp_path,
+            f"rank{rank}.json.gz",
+            [kernel(GEMM, 0, hidden), kernel(RS_OLD, 0, 10, stream=20)],
+            rank=rank,
+            world_size=3,
+        )
     report = analyze_paths([str(tmp_path)])
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
     o = report["summary"]["metrics"]["all.overlap"]
@@ -159,9 +219,11 @@ def test_cross_rank_summary_min_median_max_and_worst(tmp_path):
 
 
 def test_metadata_after_event_array_and_escaped_strings(tmp_path):
-    doc = ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "weird \\"}]{[\\\\", "pid": 0, "tid": 7, '
-           '"ts": 0, "dur": 10, "args": {"stream": 7}}, {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", '
-           '"pid": 0, "tid": 9, "ts": 5, "dur": 10, "args": {"stream": 9}}], "distributedInfo": {"rank": 4, "world_size": 8}}')  # fmt: skip
+    doc = (
+        '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "weird \\"}]{[\\\\", "pid": 0, "tid": 7, '
+        '"ts": 0, "dur": 10, "args": {"stream": 7}}, {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", '
+        '"pid": 0, "tid": 9, "ts": 5, "dur": 10, "args": {"stream": 9}}], "distributedInfo": {"rank": 4, "world_size": 8}}'
+    )
     path = tmp_path / "trace.json"
     path.write_text(doc)
     r = analyze_trace(str(path))
@@ -171,13 +233,29 @@ def test_metadata_after_event_array_and_escaped_strings(tmp_path):
 
 def test_phases_split_a_step_at_its_backward_window(tmp_path):
     def bwd(ts, dur):
-        return {"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0", "pid": 100,
-                "tid": 200, "ts": ts, "dur": dur}  # fmt: skip
-    events = [step(1, 0, 100), bwd(30, 10), bwd(50, 10),  # backward window [30, 60]
-              launch(5, corr=1), kernel(AG_NEW, 6, 4, stream=20, corr=1),  # forward all-gather, exposed
-              launch(35, corr=2, tid=200), kernel(GEMM, 36, 20, corr=2),  # backward compute
-              launch(40, corr=3, tid=200), kernel(RS_OLD, 40, 10, stream=21, corr=3),  # hidden reduce-scatter
-              launch(70, corr=4), kernel(RS_OLD, 70, 10, stream=21, corr=4)]  # epilogue reduce-scatter, exposed
+        return {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "autograd::engine::evaluate_function: MmBackward0",
+            "pid": 100,
+            "tid": 200,
+            "ts": ts,
+            "dur": dur,
+        }
+
+    events = [
+        step(1, 0, 100),
+        bwd(30, 10),
+        bwd(50, 10),  # backward window [30, 60]
+        launch(5, corr=1),
+        kernel(AG_NEW, 6, 4, stream=20, corr=1),  # forward all-gather, exposed
+        launch(35, corr=2, tid=200),
+        kernel(GEMM, 36, 20, corr=2),  # backward compute
+        launch(40, corr=3, tid=200),
+        kernel(RS_OLD, 40, 10, stream=21, corr=3),  # hidden reduce-scatter
+        launch(70, corr=4),
+        kernel(RS_OLD, 70, 10, stream=21, corr=4),
+    ]  # epilogue reduce-scatter, exposed
     r = rank_of(tmp_path, events)
     phases = r["steps"][0]["phases"]
     assert set(phases) == {"forward", "backward", "optimizer"}

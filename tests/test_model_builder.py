@@ -69,9 +69,20 @@ class PlainBuilder(ModelBuilder):
         n = a.in_nelems if a.in_nelems is not None else a.in_size
         dtype = self.intern(a.dtype)
         device = _as_int(a.device)
-        return (ts, end, _stream_of(a, tid), -1 if device is None else device,
-                -1 if a.correlation is None else a.correlation, cls, coll, self.intern(name), pg,
-                -1 if n is None else n, dtype, -1 if a.nbytes is None else a.nbytes)  # fmt: skip
+        return (
+            ts,
+            end,
+            _stream_of(a, tid),
+            -1 if device is None else device,
+            -1 if a.correlation is None else a.correlation,
+            cls,
+            coll,
+            self.intern(name),
+            pg,
+            -1 if n is None else n,
+            dtype,
+            -1 if a.nbytes is None else a.nbytes,
+        )
 
 
 def build(path: str, builder: type[ModelBuilder]) -> TraceModel:
@@ -106,8 +117,22 @@ def test_fast_builder_matches_plain_rules_on_a_simulated_job(tmp_path, monkeypat
 
     from overlapcheck.cli import main
 
-    result = CliRunner().invoke(main, ["simulate", "--scenario", "comms-logger", "--out", str(tmp_path), "--nodes",
-                                       "1", "--gpus-per-node", "2", "--steps", "2"])  # fmt: skip
+    result = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            "--scenario",
+            "comms-logger",
+            "--out",
+            str(tmp_path),
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--steps",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     monkeypatch.setattr(jsonstream, "CHUNK", 64 << 10)
     for path in sorted(glob.glob(str(tmp_path / "rank*.trace.json*"))):

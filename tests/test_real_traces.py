@@ -94,8 +94,9 @@ def test_overlap_matches_manifest_or_the_difference_is_the_substring_rule(row, p
     if abs(100 * mine["overlap"] - pct) > 0.5:
         # the difference is entirely the kernels the MANIFEST's substring rule takes out of compute
         assert manifest.excluded, "overlapcheck differs from MANIFEST although no compute kernel was dropped"
-        readded = R.measure(trace.kernels(("kernel",)), R.manifest_is_comm,
-                            lambda n: R.manifest_is_compute(n) or n in manifest.excluded)  # fmt: skip
+        readded = R.measure(
+            trace.kernels(("kernel",)), R.manifest_is_comm, lambda n: R.manifest_is_compute(n) or n in manifest.excluded
+        )
         assert readded.pct == pytest.approx(100 * mine["overlap"], abs=0.01)
     if not manifest.excluded:
         assert 100 * mine["overlap"] == pytest.approx(pct, abs=0.05)
@@ -172,12 +173,16 @@ def test_collective_kinds_of_each_set():
     """dlrm: SendRecv + AllReduce (from kernel names); nccl_data: AllReduce + Broadcast (from `Collective name`)."""
     for path in R.files_of(TRACES, "dlrm-8rank-v100"):
         assert {k for k, v in ours(path)["collectives"].items() if v["count"] and k != "all"} == {
-            "send_recv", "all_reduce"}  # fmt: skip
+            "send_recv",
+            "all_reduce",
+        }
     nccl_data = os.path.join(TRACES, "nccl-single-rank", "nccl_data.json.gz")
     comm = [k for k in raw(nccl_data).kernels() if R.ours_is_comm(k.name)]
     assert comm and all(k.args.get("Collective name") for k in comm)
     assert {k for k, v in ours(nccl_data)["collectives"].items() if v["count"] and k != "all"} == {
-        "all_reduce", "broadcast"}  # fmt: skip
+        "all_reduce",
+        "broadcast",
+    }
 
 
 # ---- traces without GPU communication ------------------------------------------------------------------------
@@ -225,8 +230,9 @@ def test_single_gpu_traces_read(name):
     trace, rank = raw(path), ours(path)
     kernels = trace.kernels()
     assert kernels and rank["lanes"] == "gpu"
-    assert sum(s["kernels"] for s in rank["streams"]) == len(kernels) + rank["memcpy"]["count"] + \
-        rank["memset"]["count"]
+    assert (
+        sum(s["kernels"] for s in rank["streams"]) == len(kernels) + rank["memcpy"]["count"] + rank["memset"]["count"]
+    )
     if name.startswith("gaunernst"):
         assert any(e.get("cat") == "python_function" for e in trace.events)
     if name == "triton_example":
@@ -235,26 +241,44 @@ def test_single_gpu_traces_read(name):
 
 # ---- gloo (CPU-only) ZeRO-3 run --------------------------------------------------------------------------------
 
-_C10D_KIND = {"_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-              "_allgather_base_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
-              "allreduce_": "all_reduce", "allgather_": "all_gather", "reduce_scatter_": "reduce_scatter"}  # fmt: skip
+_C10D_KIND = {
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "_allgather_base_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "allreduce_": "all_reduce",
+    "allgather_": "all_gather",
+    "reduce_scatter_": "reduce_scatter",
+}
 
 
 @pytest.mark.parametrize("path", GLOO_FILES, ids=[_id(p) for p in GLOO_FILES])
 def test_gloo_cpu_trace(path):
     trace, rank = raw(path), ours(path)
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace.events
-             if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
-    gloo = [e for e in trace.events if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:")
-            and "pt_gloo_runloop" in names.get((e.get("pid"), e.get("tid")), "")]  # fmt: skip
-    issued = [_C10D_KIND[e["name"].split("::", 1)[1]] for e in trace.events
-              if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("c10d::")]  # fmt: skip
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in trace.events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    gloo = [
+        e
+        for e in trace.events
+        if e.get("ph") == "X"
+        and str(e.get("name", "")).startswith("gloo:")
+        and "pt_gloo_runloop" in names.get((e.get("pid"), e.get("tid")), "")
+    ]
+    issued = [
+        _C10D_KIND[e["name"].split("::", 1)[1]]
+        for e in trace.events
+        if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("c10d::")
+    ]
     assert rank["lanes"] == "cpu" and gloo and len(issued) == len(gloo)
     colls = rank["collectives"]
     assert colls["all"]["count"] == len(gloo)
     assert colls["all"]["time_us"] == pytest.approx(R.union_length((e["ts"], e["ts"] + e["dur"]) for e in gloo))
     assert {k: v["count"] for k, v in colls.items() if k != "all" and v["count"]} == {
-        k: issued.count(k) for k in set(issued)}  # fmt: skip
+        k: issued.count(k) for k in set(issued)
+    }
     assert {"reduce_scatter", "all_gather", "all_reduce"} <= set(issued)
     assert colls["all"]["overlap"] is not None
 
@@ -268,11 +292,14 @@ def test_rank_totals_match_reference(row, path):
     sets = trace.kernels(("gpu_memset",))
     everything = [(k.start, k.end) for k in kernels + copies + sets]
     assert rank["compute_us"] == pytest.approx(
-        R.union_length((k.start, k.end) for k in kernels if not R.ours_is_comm(k.name)), abs=1e-3)
+        R.union_length((k.start, k.end) for k in kernels if not R.ours_is_comm(k.name)), abs=1e-3
+    )
     assert rank["busy_us"] == pytest.approx(R.union_length(everything), abs=1e-3)
     assert rank["span_us"] == pytest.approx(max(e for _, e in everything) - min(s for s, _ in everything), abs=1e-3)
     for key, acts in (("memcpy", copies), ("memset", sets)):
         assert rank[key]["count"] == len(acts)
-        copy_us, beside_kernels = R.overlap_length([(k.start, k.end) for k in acts], [(k.start, k.end) for k in kernels])
+        copy_us, beside_kernels = R.overlap_length(
+            [(k.start, k.end) for k in acts], [(k.start, k.end) for k in kernels]
+        )
         assert rank[key]["time_us"] == pytest.approx(copy_us, abs=1e-3)
         assert rank[key]["exposed_us"] == pytest.approx(copy_us - beside_kernels, abs=1e-3)

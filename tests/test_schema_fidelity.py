@@ -25,8 +25,10 @@ REAL = {  # file -> what it contributes
 # and "Process Group ID" before kineto #849/#906; "Rank", "Seq", "Is asynchronized op" in newer torch.
 VERSIONED_COMM_ARGS = {"In msg size", "Out msg size", "Process Group ID", "Rank", "Seq", "Is asynchronized op"}
 # frames that only exist on a GPU job (the real ZeRO-3 trace ran on CPU with gloo)
-GPU_ONLY_FRAMES = {"deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
-                   "torch/cuda/__init__.py(1209): synchronize"}
+GPU_ONLY_FRAMES = {
+    "deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
+    "torch/cuda/__init__.py(1209): synchronize",
+}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -110,9 +112,17 @@ def test_event_keys_and_arg_types_match_real_traces(real: dict, ours: dict, whic
 def test_kernel_memcpy_and_sync_args_are_complete(real: dict, ours: dict) -> None:
     _, real_args = profile(all_real_events(real))
     _, our_args = profile(ours["new"]["traceEvents"])
-    for k in [("X", "kernel"), ("X", "gpu_memcpy"), ("X", "gpu_memset"), ("X", "cuda_runtime"),
-              ("X", "cuda_sync:Stream Wait Event"), ("X", "cuda_sync:Stream Sync"), ("X", "cuda_sync:Context Sync"),
-              ("X", "cuda_sync:Event Sync"), ("X", "python_function")]:
+    for k in [
+        ("X", "kernel"),
+        ("X", "gpu_memcpy"),
+        ("X", "gpu_memset"),
+        ("X", "cuda_runtime"),
+        ("X", "cuda_sync:Stream Wait Event"),
+        ("X", "cuda_sync:Stream Sync"),
+        ("X", "cuda_sync:Context Sync"),
+        ("X", "cuda_sync:Event Sync"),
+        ("X", "python_function"),
+    ]:
         missing = set(real_args[k]) - set(our_args[k]) - {"Python module id"}
         assert not missing, (k, missing)
     nccl_real = set(real_args[("X", "kernel:nccl")])
@@ -127,8 +137,15 @@ def test_top_level_document_matches(real: dict, ours: dict) -> None:
         doc = ours[which]
         extra = set(doc) - set().union(*(set(d) for d in real.values()))
         assert not extra, extra
-        for key in ("schemaVersion", "deviceProperties", "distributedInfo", "traceEvents", "traceName",
-                    "displayTimeUnit", "baseTimeNanoseconds"):
+        for key in (
+            "schemaVersion",
+            "deviceProperties",
+            "distributedInfo",
+            "traceEvents",
+            "traceName",
+            "displayTimeUnit",
+            "baseTimeNanoseconds",
+        ):
             assert type_name(doc[key]) == type_name(nccl[key]), key
         assert set(doc["deviceProperties"][0]) == set(nccl["deviceProperties"][0])
         assert {type_name(v) for v in doc["deviceProperties"][0].values()} == {"number", "str"}
@@ -144,8 +161,9 @@ def test_metadata_and_threads(real: dict, ours: dict) -> None:
     real_meta = {ev["name"] for ev in all_real_events(real) if ev.get("ph") == "M"}
     evs = ours["new"]["traceEvents"]
     assert {ev["name"] for ev in evs if ev.get("ph") == "M"} <= real_meta
-    names = {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in evs
-             if ev.get("ph") == "M" and ev["name"] == "thread_name"}
+    names = {
+        (ev["pid"], ev["tid"]): ev["args"]["name"] for ev in evs if ev.get("ph") == "M" and ev["name"] == "thread_name"
+    }
     streams = {ev["tid"] for ev in evs if ev.get("cat") == "kernel"}
     for stream in streams:
         assert names[(1, stream)] == f"stream {stream} "  # rank 1 is GPU 1 of its node
@@ -153,7 +171,8 @@ def test_metadata_and_threads(real: dict, ours: dict) -> None:
     assert names[(step["pid"], step["tid"])].endswith("(pt_main_thread)")
     backward = [ev for ev in evs if ev.get("name", "").startswith("autograd::engine::evaluate_function")]
     assert backward and {names[(ev["pid"], ev["tid"])] for ev in backward} == {
-        f"thread {backward[0]['tid']} (pt_autograd_0)"}
+        f"thread {backward[0]['tid']} (pt_autograd_0)"
+    }
 
 
 def test_flows_link_launches_to_gpu_activity(ours: dict) -> None:
@@ -163,8 +182,11 @@ def test_flows_link_launches_to_gpu_activity(ours: dict) -> None:
         starts = {ev["id"]: ev for ev in evs if ev.get("ph") == "s"}
         ends = {ev["id"]: ev for ev in evs if ev.get("ph") == "f" and ev["pid"] != cpu_pid}
         dangling = {ev["id"] for ev in evs if ev.get("ph") == "f" and ev["pid"] == cpu_pid}
-        gpu = {ev["args"]["correlation"]: ev for ev in evs
-               if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync")}
+        gpu = {
+            ev["args"]["correlation"]: ev
+            for ev in evs
+            if ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync")
+        }
         runtime = {ev["args"]["correlation"]: ev for ev in evs if ev.get("cat") == "cuda_runtime"}
         assert set(starts) == set(ends) == set(gpu)
         for corr, ev in gpu.items():
@@ -192,8 +214,10 @@ def test_python_frames_are_real_deepspeed_frames(real: dict, ours: dict) -> None
 
 
 def test_nccl_kernel_names_follow_the_real_naming(real: dict, ours: dict) -> None:
-    old_style = re.compile(r"^ncclKernel_(AllGather|ReduceScatter|AllReduce|Broadcast)_RING_LL_Sum_\w+"
-                           r"\(ncclDevComm\*, unsigned long, ncclWork\*\)$")
+    old_style = re.compile(
+        r"^ncclKernel_(AllGather|ReduceScatter|AllReduce|Broadcast)_RING_LL_Sum_\w+"
+        r"\(ncclDevComm\*, unsigned long, ncclWork\*\)$"
+    )
     real_nccl = {ev["name"] for ev in real["nccl"]["traceEvents"] if kind(ev)[1] == "kernel:nccl"}
     assert real_nccl and all(old_style.match(n) for n in real_nccl)
     old = {ev["name"] for ev in ours["old"]["traceEvents"] if kind(ev)[1] == "kernel:nccl"}
@@ -210,5 +234,13 @@ def test_step_and_comm_annotations(ours: dict) -> None:
     ops = {ev["name"] for ev in evs if ev.get("cat") == "cpu_op"}
     assert {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "record_param_comms"} <= ops
     runtime = {ev["name"] for ev in evs if ev.get("cat") == "cuda_runtime"}
-    assert {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaEventRecord", "cudaStreamWaitEvent",
-            "cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync"} <= runtime
+    assert {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaEventRecord",
+        "cudaStreamWaitEvent",
+        "cudaEventSynchronize",
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaMemcpyAsync",
+    } <= runtime

@@ -49,8 +49,9 @@ def named(evs: list[dict[str, Any]], name: str, cat: str | None = None) -> list[
 
 def inside(ev: dict[str, Any], frames: list[dict[str, Any]]) -> bool:
     """Whether `ev` runs inside one of `frames` on the same thread."""
-    return any(f["tid"] == ev["tid"] and f["ts"] <= ev["ts"] and ev["ts"] + ev["dur"] <= f["ts"] + f["dur"]
-               for f in frames)
+    return any(
+        f["tid"] == ev["tid"] and f["ts"] <= ev["ts"] and ev["ts"] + ev["dur"] <= f["ts"] + f["dur"] for f in frames
+    )
 
 
 def frames_named(evs: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
@@ -107,8 +108,7 @@ def test_same_communicator_serializes_its_kernels(sets: dict[str, Path]) -> None
     evs = events(sets["same-communicator"])
     names = {(e["args"]["Collective name"], e["args"]["Process Group Name"]) for e in named(evs, "record_param_comms")}
     assert ("_allgather_base", "2") in names and ("_reduce_scatter_base", "2") in names
-    nccl = sorted((e for e in evs if is_nccl(e) and e["args"].get("Process Group Name") == "2"),
-                  key=lambda e: e["ts"])
+    nccl = sorted((e for e in evs if is_nccl(e) and e["args"].get("Process Group Name") == "2"), key=lambda e: e["ts"])
     assert len({e["tid"] for e in nccl}) == 2  # torch >= 2.8: reduce-scatter on the reduce stream
     for a, b in zip(nccl, nccl[1:], strict=False):
         assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
@@ -191,7 +191,8 @@ def test_clock_skew_moves_ts_but_not_the_metrics(sets: dict[str, Path]) -> None:
         assert a["span_us"] == pytest.approx(b["span_us"], abs=2e-3)
         assert a["collectives"]["all"]["exposed_us"] == pytest.approx(b["collectives"]["all"]["exposed_us"], abs=5e-3)
         assert a["steps"][0]["start_us"] - b["steps"][0]["start_us"] == pytest.approx(
-            offsets[a["rank"] // cfg.gpus_per_node], abs=2e-3)
+            offsets[a["rank"] // cfg.gpus_per_node], abs=2e-3
+        )
     start = min(e["ts"] for e in gpu(events(sets["clock-skew"], 1)))
     assert start - min(op.start for op in result.ranks[1].gpu) == pytest.approx(TS_ORIGIN_US + offsets[1], abs=1e-2)
 
@@ -238,8 +239,9 @@ def test_truth_is_consistent(sets: dict[str, Path], name: str) -> None:
         assert rank["idle_us"] == pytest.approx(rank["span_us"] - rank["busy_us"], abs=1e-3)
         assert rank["compute_us"] <= rank["busy_us"] + 1e-3 <= rank["span_us"] + 2e-3
         assert rank["step_time_us"] == pytest.approx(sum(s["duration_us"] for s in rank["steps"]), abs=1e-3)
-        assert rank["exposed_share"] == pytest.approx(rank["collectives"]["all"]["exposed_us"]
-                                                      / rank["step_time_us"], rel=1e-6)
+        assert rank["exposed_share"] == pytest.approx(
+            rank["collectives"]["all"]["exposed_us"] / rank["step_time_us"], rel=1e-6
+        )
         for copy in (rank["memcpy"], rank["memset"]):
             assert 0 <= copy["exposed_us"] <= copy["time_us"] + 1e-6
         assert rank["memcpy"]["count"] > 0 and rank["memset"]["count"] == len(rank["steps"])
@@ -248,7 +250,8 @@ def test_truth_is_consistent(sets: dict[str, Path], name: str) -> None:
             assert set(step["phases"]) == {"forward", "backward", "optimizer"}
             for kind in KINDS:
                 assert step["collectives"][kind]["count"] == sum(
-                    p["collectives"][kind]["count"] for p in step["phases"].values())
+                    p["collectives"][kind]["count"] for p in step["phases"].values()
+                )
             assert step["compute_us"] <= step["duration_us"] + 1e-3
         assert sum(s["collectives"]["all"]["count"] for s in rank["steps"]) == rank["collectives"]["all"]["count"]
 
@@ -262,8 +265,9 @@ def test_planted_causes_are_listed_with_a_fix(sets: dict[str, Path], name: str) 
         assert cause["cost_us"] == pytest.approx(t["step_time_us"] - cause["step_time_without_us"], abs=1e-2)
 
 
-@pytest.mark.parametrize("name", ["bucket-too-large", "no-overlap-comm", "comms-logger", "max-connections-1",
-                                  "straggler", "offload-sync"])
+@pytest.mark.parametrize(
+    "name", ["bucket-too-large", "no-overlap-comm", "comms-logger", "max-connections-1", "straggler", "offload-sync"]
+)
 def test_costly_causes_cost_at_least_a_tenth_of_a_step(sets: dict[str, Path], name: str) -> None:
     t = truth(sets[name])
     assert t["causes"][0]["cost_us"] > 0.1 * t["causes"][0]["step_time_without_us"]
@@ -272,7 +276,10 @@ def test_costly_causes_cost_at_least_a_tenth_of_a_step(sets: dict[str, Path], na
 def test_inherent_deepspeed_syncs_are_measured(sets: dict[str, Path]) -> None:
     t = truth(sets["healthy"])
     assert [c["rule"] for c in t["inherent"]] != [] and {c["rule"] for c in t["inherent"]} == {
-        "epilogue-sync", "reduce-event-throttle", "fetch-throttle"}
+        "epilogue-sync",
+        "reduce-event-throttle",
+        "fetch-throttle",
+    }
     for cause in t["inherent"]:  # the host is ahead of the GPU: these syncs barely cost in this job
         assert abs(cause["cost_us"]) < 0.01 * t["step_time_us"]
 
@@ -328,14 +335,28 @@ def test_cli_lists_presets() -> None:
 def test_cli_writes_and_refuses_to_overwrite(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "set"
-    args = ["simulate", "--scenario", "comms-logger+straggler", "--nodes", "1", "--gpus-per-node", "2",
-            "--out", str(out)]
+    args = [
+        "simulate",
+        "--scenario",
+        "comms-logger+straggler",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--out",
+        str(out),
+    ]
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "rank0.trace.json.gz",
-                                                     "rank1.trace.json.gz", "truth.json"]
-    assert [c["rule"] for c in truth(out)["causes"]] == ["comms-logger-sync", "straggler"] or \
-        [c["rule"] for c in truth(out)["causes"]] == ["straggler", "comms-logger-sync"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ds_config.json",
+        "rank0.trace.json.gz",
+        "rank1.trace.json.gz",
+        "truth.json",
+    ]
+    assert [c["rule"] for c in truth(out)["causes"]] == ["comms-logger-sync", "straggler"] or [
+        c["rule"] for c in truth(out)["causes"]
+    ] == ["straggler", "comms-logger-sync"]
     again = runner.invoke(main, args)
     assert again.exit_code == 2 and "--force" in again.output
     assert runner.invoke(main, [*args, "--force"]).exit_code == 0

@@ -77,11 +77,24 @@ def compare(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:
 
 
 def test_compare_finds_a_difference() -> None:
-    truth = {"ranks": [{"rank": 0, "span_us": 10.0, "steps": [], "collectives": {"all": {"count": 2}},
-                        "memcpy": {}, "memset": {}, **{k: 1.0 for k in RANK_KEYS if k != "span_us"}}]}
+    truth = {
+        "ranks": [
+            {
+                "rank": 0,
+                "span_us": 10.0,
+                "steps": [],
+                "collectives": {"all": {"count": 2}},
+                "memcpy": {},
+                "memset": {},
+                **{k: 1.0 for k in RANK_KEYS if k != "span_us"},
+            }
+        ]
+    }
     report = {"ranks": [{**truth["ranks"][0], "span_us": 11.5, "collectives": {"all": {"count": 3}}}]}
-    assert compare(truth, report) == ["rank0.span_us: truth 10.0 analyzer 11.5",
-                                      "rank0.collectives.all.count: truth 2 analyzer 3"]
+    assert compare(truth, report) == [
+        "rank0.span_us: truth 10.0 analyzer 11.5",
+        "rank0.collectives.all.count: truth 2 analyzer 3",
+    ]
 
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if n != "seed-5201"])
@@ -121,7 +134,7 @@ def test_analyze_cli_json_reproduces_truth(tmp_path: Path) -> None:
     generate("same-communicator", tmp_path / "set", costs=False, nodes=1, gpus_per_node=2)
     result = CliRunner().invoke(main, ["analyze", str(tmp_path / "set"), "--format", "json"])
     assert result.exit_code in (0, 1), result.output  # a gate-style exit code may flag findings
-    report = json.loads(result.output[result.output.index("{"):])
+    report = json.loads(result.output[result.output.index("{") :])
     assert compare(json.loads((tmp_path / "set" / "truth.json").read_text()), report) == []
 
 

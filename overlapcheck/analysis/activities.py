@@ -47,8 +47,15 @@ def activities_of(model: TraceModel) -> Activities:
         launch = acts.start
     else:
         empty = np.zeros(0)
-        acts = Activities(empty, empty, empty.astype(np.int8), empty.astype(np.int8), empty.astype(np.int64),
-                          empty.astype(np.int64), "gpu")  # fmt: skip
+        acts = Activities(
+            empty,
+            empty,
+            empty.astype(np.int8),
+            empty.astype(np.int8),
+            empty.astype(np.int64),
+            empty.astype(np.int64),
+            "gpu",
+        )
         launch = empty
     acts.phase = phase_of(model, launch, phase_windows(model))
     return acts
@@ -153,8 +160,10 @@ def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
     cls = np.concatenate([np.full(n_comm, C.COMM, np.int8), np.full(n_comp, C.COMPUTE, np.int8)])
     colls = np.concatenate([coll, np.full(n_comp, C.NO_COLLECTIVE, np.int8)])
     lane = np.concatenate([o.thread[comm_idx].astype(np.int64), np.full(n_comp, -1, np.int64)])
-    note = ("CPU-only gloo run: communication = gloo:* annotations on pt_gloo_runloop threads, "
-            "compute = leaf cpu_ops on the other threads (lane -1)")  # fmt: skip
+    note = (
+        "CPU-only gloo run: communication = gloo:* annotations on pt_gloo_runloop threads, "
+        "compute = leaf cpu_ops on the other threads (lane -1)"
+    )
     return Activities(start, end, cls, colls, lane, step_of(model, start), "cpu", [note])
 
 

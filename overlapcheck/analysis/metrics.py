@@ -60,8 +60,9 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
     span = float(acts.end.max() - acts.start.min()) if len(acts) else 0.0
 
     of_step = _by_step(acts)
-    steps = [_step(model, of_step(int(model.steps.number[i])), i, compute, compute_or_comm)
-             for i in range(len(model.steps))]  # fmt: skip
+    steps = [
+        _step(model, of_step(int(model.steps.number[i])), i, compute, compute_or_comm) for i in range(len(model.steps))
+    ]
     steps = [s for s in steps if s is not None]
     rank_collectives = collectives(acts, everything, compute)
     if steps:
@@ -106,8 +107,11 @@ def _by_step(acts: Activities) -> Callable[[int], Activities]:
     order = np.argsort(acts.step, kind="stable")
     keys = acts.step[order]
     n = len(acts)
-    arrays = [f.name for f in dataclasses.fields(acts)
-              if isinstance(getattr(acts, f.name), np.ndarray) and len(getattr(acts, f.name)) == n]  # fmt: skip
+    arrays = [
+        f.name
+        for f in dataclasses.fields(acts)
+        if isinstance(getattr(acts, f.name), np.ndarray) and len(getattr(acts, f.name)) == n
+    ]
 
     def of(number: int) -> Activities:
         idx = order[np.searchsorted(keys, number, "left") : np.searchsorted(keys, number, "right")]
@@ -116,8 +120,9 @@ def _by_step(acts: Activities) -> Callable[[int], Activities]:
     return of
 
 
-def _step(model: TraceModel, acts: Activities, i: int, compute: iv.Intervals,
-          compute_or_comm: iv.Intervals) -> dict[str, Any] | None:  # fmt: skip
+def _step(
+    model: TraceModel, acts: Activities, i: int, compute: iv.Intervals, compute_or_comm: iv.Intervals
+) -> dict[str, Any] | None:
     number = int(model.steps.number[i])
     mask = acts.step == number
     cpu_duration = float(model.steps.end[i] - model.steps.start[i])
@@ -156,10 +161,12 @@ def _streams(acts: Activities) -> list[dict[str, Any]]:
     for lane in np.unique(acts.lane):
         sel = acts.lane == lane
         counts = np.bincount(acts.cls[sel].astype(np.int64), minlength=len(C.CLASS_NAMES))
-        out.append({
-            "stream": int(lane),
-            "kernels": int(sel.sum()),
-            "busy_us": iv.length(iv.union(acts.start[sel], acts.end[sel])),
-            "classes": {name: int(n) for name, n in zip(C.CLASS_NAMES, counts, strict=True)},
-        })  # fmt: skip
+        out.append(
+            {
+                "stream": int(lane),
+                "kernels": int(sel.sum()),
+                "busy_us": iv.length(iv.union(acts.start[sel], acts.end[sel])),
+                "classes": {name: int(n) for name, n in zip(C.CLASS_NAMES, counts, strict=True)},
+            }
+        )
     return out

@@ -92,8 +92,9 @@ class Options:
     config: dict[str, Any] | None = None
 
 
-def analyze_trace(path: str, options: Options | None = None, progress: Callable[[int], None] | None = None,
-                  workers: int = 1) -> dict[str, Any]:  # fmt: skip
+def analyze_trace(
+    path: str, options: Options | None = None, progress: Callable[[int], None] | None = None, workers: int = 1
+) -> dict[str, Any]:
     """One trace file -> its RANK document (with `_findings` / `_timeline` extras when asked).
 
     `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
@@ -114,8 +115,7 @@ def analyze_trace(path: str, options: Options | None = None, progress: Callable[
 Result = tuple[str, dict[str, Any] | None, str | None]  # (source, RANK document or None, error or None)
 
 
-def _worker(path: str, options: Options, progress: Callable[[int], None] | None = None,
-            workers: int = 1) -> Result:  # fmt: skip
+def _worker(path: str, options: Options, progress: Callable[[int], None] | None = None, workers: int = 1) -> Result:
     try:
         return path, analyze_trace(path, options, progress, workers), None
     except UserError as exc:
@@ -180,8 +180,9 @@ def _read_summary(path: str) -> list[tuple[str, dict[str, Any] | None, str | Non
     return out
 
 
-def build_report(results: list[tuple[str, dict[str, Any] | None, str | None]], inputs: Inputs,
-                 options: Options) -> dict[str, Any]:  # fmt: skip
+def build_report(
+    results: list[tuple[str, dict[str, Any] | None, str | None]], inputs: Inputs, options: Options
+) -> dict[str, Any]:
     errors = [{"source": path, "error": err} for path, _, err in results if err]
     ranks = [r for _, r, err in results if r is not None]
     ranks = _resolve_ranks(ranks, errors)
@@ -217,8 +218,13 @@ def _resolve_ranks(ranks: list[dict[str, Any]], errors: list[dict[str, str]]) ->
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for r in ranks:
         if r["rank"] is None:
-            errors.append({"source": r["source"], "error": f"{r['source']}: cannot tell the rank: no "
-                           "distributedInfo.rank and no rank-N/workerN in the file name"})  # fmt: skip
+            errors.append(
+                {
+                    "source": r["source"],
+                    "error": f"{r['source']}: cannot tell the rank: no "
+                    "distributedInfo.rank and no rank-N/workerN in the file name",
+                }
+            )
             continue
         by_rank.setdefault(r["rank"], []).append(r)
     out = []
@@ -228,6 +234,7 @@ def _resolve_ranks(ranks: list[dict[str, Any]], errors: list[dict[str, str]]) ->
             continue
         sources = ", ".join(d["source"] for d in docs)
         for d in docs:
-            errors.append({"source": d["source"], "error": f"{d['source']}: rank {rank} is claimed by several "
-                           f"files ({sources})"})  # fmt: skip
+            errors.append(
+                {"source": d["source"], "error": f"{d['source']}: rank {rank} is claimed by several files ({sources})"}
+            )
     return out

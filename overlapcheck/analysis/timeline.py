@@ -49,12 +49,22 @@ def timeline_of(model: TraceModel, rank: dict[str, Any]) -> dict[str, Any] | Non
             cls = C.CLASS_NAMES[acts.cls[i]]
             if acts.cls[i] == C.COMM:
                 cls = f"comm:{C.COLLECTIVES[acts.coll[i]]}"
-            events.append([lane_no, round(float(acts.start[i]) - lo, 3), round(float(acts.end[i] - acts.start[i]), 3),
-                           cls, name_index[name]])  # fmt: skip
+            events.append(
+                [
+                    lane_no,
+                    round(float(acts.start[i]) - lo, 3),
+                    round(float(acts.end[i] - acts.start[i]), 3),
+                    cls,
+                    name_index[name],
+                ]
+            )
     comm = acts.cls == C.COMM
     compute = acts.cls == C.COMPUTE
-    exposed = iv.clip(iv.subtract(iv.union(acts.start[comm], acts.end[comm]),
-                                  iv.union(acts.start[compute], acts.end[compute])), lo, hi)  # fmt: skip
+    exposed = iv.clip(
+        iv.subtract(iv.union(acts.start[comm], acts.end[comm]), iv.union(acts.start[compute], acts.end[compute])),
+        lo,
+        hi,
+    )
     return {
         "step": number,
         "t0": lo,

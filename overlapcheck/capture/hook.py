@@ -71,6 +71,7 @@ def _safely(fn: Callable[..., Any], *args: Any) -> None:
 
 # ---- DeepSpeed ---------------------------------------------------------------------------------------
 
+
 def _patch_engine(module: ModuleType) -> None:
     engine_cls = module.DeepSpeedEngine
     if getattr(engine_cls, "_overlapcheck_patched", False):
@@ -100,6 +101,7 @@ def _patch_engine(module: ModuleType) -> None:
 
 # ---- plain torch -------------------------------------------------------------------------------------
 
+
 def _patch_optimizer(module: ModuleType) -> None:
     register = getattr(module, "register_optimizer_step_post_hook", None)
     if register is None:
@@ -114,6 +116,7 @@ def _patch_optimizer(module: ModuleType) -> None:
 
 
 # ---- post-import machinery ---------------------------------------------------------------------------
+
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     """Finds `name` with the other finders and runs `callback(module)` right after it is executed."""

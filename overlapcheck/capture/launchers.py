@@ -15,23 +15,82 @@ from overlapcheck.errors import UserError
 
 # deepspeed runner options that take a value (deepspeed/launcher/runner.py::parse_args, 0.14-0.19)
 _DS_VALUE_OPTS = {
-    "-H", "--hostfile", "-i", "--include", "-e", "--exclude", "--num_nodes", "--min_elastic_nodes",
-    "--max_elastic_nodes", "--num_gpus", "--num_accelerators", "--master_port", "--master_addr",
-    "--node_rank", "--launcher", "--launcher_args", "--ssh_port", "--elastic_training_config",
-    "--enable_each_rank_log", "--bind_core_list", "--log_level", "--comment", "--account",
-    "--venv_script", "--autotuning", "--save_pid_file",
+    "-H",
+    "--hostfile",
+    "-i",
+    "--include",
+    "-e",
+    "--exclude",
+    "--num_nodes",
+    "--min_elastic_nodes",
+    "--max_elastic_nodes",
+    "--num_gpus",
+    "--num_accelerators",
+    "--master_port",
+    "--master_addr",
+    "--node_rank",
+    "--launcher",
+    "--launcher_args",
+    "--ssh_port",
+    "--elastic_training_config",
+    "--enable_each_rank_log",
+    "--bind_core_list",
+    "--log_level",
+    "--comment",
+    "--account",
+    "--venv_script",
+    "--autotuning",
+    "--save_pid_file",
 }
 # torchrun options that take a value (torch/distributed/run.py::get_args_parser), both spellings
 _TORCHRUN_VALUE_OPTS = {
-    "--nnodes", "--nproc_per_node", "--nproc-per-node", "--rdzv_backend", "--rdzv-backend",
-    "--rdzv_endpoint", "--rdzv-endpoint", "--rdzv_id", "--rdzv-id", "--rdzv_conf", "--rdzv-conf",
-    "--max_restarts", "--max-restarts", "--monitor_interval", "--monitor-interval", "--start_method",
-    "--start-method", "--role", "--node_rank", "--node-rank", "--master_addr", "--master-addr",
-    "--master_port", "--master-port", "--local_addr", "--local-addr", "--log_dir", "--log-dir", "-r",
-    "--redirects", "-t", "--tee", "--local_ranks_filter", "--local-ranks-filter", "--logs_specs",
-    "--logs-specs", "--numa_binding", "--numa-binding", "--event_log_handler", "--event-log-handler",
-    "--signals_to_handle", "--signals-to-handle", "--virtual_local_rank", "--virtual-local-rank",
-    "--duplicate_stdout_filters", "--duplicate-stdout-filters", "--duplicate_stderr_filters",
+    "--nnodes",
+    "--nproc_per_node",
+    "--nproc-per-node",
+    "--rdzv_backend",
+    "--rdzv-backend",
+    "--rdzv_endpoint",
+    "--rdzv-endpoint",
+    "--rdzv_id",
+    "--rdzv-id",
+    "--rdzv_conf",
+    "--rdzv-conf",
+    "--max_restarts",
+    "--max-restarts",
+    "--monitor_interval",
+    "--monitor-interval",
+    "--start_method",
+    "--start-method",
+    "--role",
+    "--node_rank",
+    "--node-rank",
+    "--master_addr",
+    "--master-addr",
+    "--master_port",
+    "--master-port",
+    "--local_addr",
+    "--local-addr",
+    "--log_dir",
+    "--log-dir",
+    "-r",
+    "--redirects",
+    "-t",
+    "--tee",
+    "--local_ranks_filter",
+    "--local-ranks-filter",
+    "--logs_specs",
+    "--logs-specs",
+    "--numa_binding",
+    "--numa-binding",
+    "--event_log_handler",
+    "--event-log-handler",
+    "--signals_to_handle",
+    "--signals-to-handle",
+    "--virtual_local_rank",
+    "--virtual-local-rank",
+    "--duplicate_stdout_filters",
+    "--duplicate-stdout-filters",
+    "--duplicate_stderr_filters",
     "--duplicate-stderr-filters",
 }
 _DS_MODULES = {"deepspeed.launcher.runner"}
@@ -42,10 +101,10 @@ _TORCHRUN_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 class LaunchPlan:
     """What `overlapcheck run` needs to know about the user's command."""
 
-    kind: str                    # "deepspeed" | "torchrun" | "srun" | "python" | "other"
-    argv: list[str]              # the command to run (only srun's --export may be rewritten)
-    node_rank: int = 0           # this launch's node when every node is launched separately
-    per_node: bool = False       # True: one `overlapcheck run` per node (--no_ssh, torchrun --nnodes>1)
+    kind: str  # "deepspeed" | "torchrun" | "srun" | "python" | "other"
+    argv: list[str]  # the command to run (only srun's --export may be rewritten)
+    node_rank: int = 0  # this launch's node when every node is launched separately
+    per_node: bool = False  # True: one `overlapcheck run` per node (--no_ssh, torchrun --nnodes>1)
     hostfile: str | None = None  # deepspeed: the hostfile it will read, when it exists
 
 
@@ -72,7 +131,7 @@ def _python_module(argv: list[str]) -> tuple[str | None, list[str]]:
         return None, []
     for i, tok in enumerate(argv[1:], start=1):
         if tok == "-m" and i + 1 < len(argv):
-            return argv[i + 1], argv[i + 2:]
+            return argv[i + 1], argv[i + 2 :]
         if not tok.startswith("-"):
             break
     return None, []
@@ -100,8 +159,13 @@ def _deepspeed(argv: list[str], args: list[str]) -> LaunchPlan:
     hostfile = opts.get("--hostfile", opts.get("-H", "/job/hostfile"))
     per_node = "--no_ssh" in opts
     node_rank = _int_opt(opts, "--node_rank", 0) if per_node else 0
-    return LaunchPlan("deepspeed", list(argv), node_rank=node_rank, per_node=per_node,
-                      hostfile=hostfile if os.path.isfile(hostfile) else None)
+    return LaunchPlan(
+        "deepspeed",
+        list(argv),
+        node_rank=node_rank,
+        per_node=per_node,
+        hostfile=hostfile if os.path.isfile(hostfile) else None,
+    )
 
 
 def _torchrun(argv: list[str], args: list[str]) -> LaunchPlan:
@@ -113,8 +177,10 @@ def _torchrun(argv: list[str], args: list[str]) -> LaunchPlan:
         node_id = os.environ.get("NODE_RANK", os.environ.get("SLURM_NODEID", os.environ.get("GROUP_RANK")))
         node_rank = int(node_id) if node_id and node_id.isdigit() else (-1 if per_node else 0)
     if node_rank < 0:
-        raise UserError("torchrun --nnodes > 1 without --node_rank: give each node's launch its --node_rank "
-                        "(or set NODE_RANK) so that the nodes' files in the run folder do not collide")
+        raise UserError(
+            "torchrun --nnodes > 1 without --node_rank: give each node's launch its --node_rank "
+            "(or set NODE_RANK) so that the nodes' files in the run folder do not collide"
+        )
     return LaunchPlan("torchrun", list(argv), node_rank=node_rank, per_node=per_node)
 
 

@@ -52,7 +52,7 @@ def read_statuses(out: str) -> tuple[dict[int, dict], dict[int, dict], dict[int,
             errors.append({"source": os.path.relpath(path, out), "error": "unreadable status file"})
             continue
         if name.endswith(".summary.json"):
-            summaries[int(name[4:-len(".summary.json")])] = doc
+            summaries[int(name[4 : -len(".summary.json")])] = doc
         elif m := _RANK_FILE.match(name):
             ranks[int(m.group(1))] = doc
         elif m := _LAUNCHER_FILE.match(name):
@@ -67,16 +67,25 @@ def rank_entry(out: str, rank: int, status: dict, summary: dict | None) -> dict[
     capture["trace"] = os.path.basename(trace) if os.path.isfile(trace) else None
     if capture.get("status") in ("waiting", "recording") and capture["trace"] is None:
         capture["error"] = capture.get("error") or (
-            f"the rank stopped while its capture was {capture['status']!r} (killed, or the job failed)")
+            f"the rank stopped while its capture was {capture['status']!r} (killed, or the job failed)"
+        )
     summ = dict(status.get("summary") or {"status": "not_started"})
     if summary is not None:
         summ = {**summ, **summary}
     summ.pop("pid", None)
     summ.pop("host", None)
     summ["file"] = os.path.basename(layout.summary_path(out, rank)) if summ.get("status") == "ok" else None
-    return {"rank": rank, "host": status.get("host"), "local_rank": status.get("local_rank"),
-            "pid": status.get("pid"), "driver": status.get("driver"), "gpu": status.get("gpu"),
-            "capture": capture, "summary": summ, "errors": status.get("errors") or []}
+    return {
+        "rank": rank,
+        "host": status.get("host"),
+        "local_rank": status.get("local_rank"),
+        "pid": status.get("pid"),
+        "driver": status.get("driver"),
+        "gpu": status.get("gpu"),
+        "capture": capture,
+        "summary": summ,
+        "errors": status.get("errors") or [],
+    }
 
 
 def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
@@ -90,8 +99,9 @@ def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
     versions = {"cuda": None, "nccl": None, **first.get("versions", {})}
     versions.update({k: v for k, v in (lead.get("versions") or {}).items() if v is not None})
     ds_config = next((s["ds_config"] for s in by_rank if s.get("ds_config")), None)
-    hosts = sorted({h for h in [*(s.get("host") for s in by_rank),
-                                *(lt.get("host") for lt in launchers.values())] if h})
+    hosts = sorted(
+        {h for h in [*(s.get("host") for s in by_rank), *(lt.get("host") for lt in launchers.values())] if h}
+    )
     unfinished = [n for n, lt in launchers.items() if lt.get("finished_at") is None]
     return {
         "schema": SCHEMA,

@@ -81,12 +81,13 @@ class StepProfiler:
     Any failure is recorded in `self.error` and the profiler is dropped; nothing is ever raised.
     """
 
-    def __init__(self, out: str, rank: int, schedule: Schedule, with_stack: bool,
-                 on_state: Callable[[StepProfiler], None]):
+    def __init__(
+        self, out: str, rank: int, schedule: Schedule, with_stack: bool, on_state: Callable[[StepProfiler], None]
+    ):
         self.out, self.rank, self.schedule, self.with_stack = out, rank, schedule, with_stack
         self.on_state = on_state
         self.steps_done = 0
-        self.state = "waiting"      # waiting -> recording -> ok | failed
+        self.state = "waiting"  # waiting -> recording -> ok | failed
         self.error: str | None = None
         self.trace_bytes: int | None = None
         self.export_s: float | None = None

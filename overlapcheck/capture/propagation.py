@@ -71,8 +71,9 @@ def merged_ds_env(user_files: list[str], ours: Mapping[str, str], cwd: str) -> s
     return "".join(f"{k}={v}\n" for k, v in entries.items())
 
 
-def write_ds_env_file(path: str, env: Mapping[str, str], ours: Mapping[str, str], cwd: str | None = None,
-                      home: str | None = None) -> str:
+def write_ds_env_file(
+    path: str, env: Mapping[str, str], ours: Mapping[str, str], cwd: str | None = None, home: str | None = None
+) -> str:
     """Write the merged env file to `path`; returns it (set DS_ENV_FILE to it in the launch env)."""
     cwd = cwd or os.getcwd()
     home = home or os.path.expanduser("~")

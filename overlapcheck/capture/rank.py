@@ -23,13 +23,13 @@ class RankCapture:
 
     def __init__(self, settings: CaptureSettings):
         self.settings = settings
-        self.driver: str | None = None          # "deepspeed" or "optimizer": what ticks the profiler
-        self._clock: int | None = None          # id() of the optimizer used as the clock
+        self.driver: str | None = None  # "deepspeed" or "optimizer": what ticks the profiler
+        self._clock: int | None = None  # id() of the optimizer used as the clock
         self.ds_config: dict[str, Any] | None = None
         self.profiler: StepProfiler | None = None
         self.identity: dict[str, Any] | None = None
         self.skipped = False
-        self.broken = False                     # an unexpected error: the capture stopped on this rank
+        self.broken = False  # an unexpected error: the capture stopped on this rank
         self.summary: dict[str, Any] = {"status": "not_started"}
         self.errors: list[str] = []
 
@@ -74,8 +74,9 @@ class RankCapture:
         if not self.settings.wants(rank):
             self.skipped = True
         else:
-            self.profiler = StepProfiler(self.settings.out, rank, self.settings.schedule,
-                                         self.settings.with_stack, self._on_profiler_state)
+            self.profiler = StepProfiler(
+                self.settings.out, rank, self.settings.schedule, self.settings.with_stack, self._on_profiler_state
+            )
         self.write_status()
 
     def _on_profiler_state(self, prof: StepProfiler) -> None:
@@ -91,13 +92,30 @@ class RankCapture:
         out = self.settings.out
         env = dict(os.environ)
         env[ENV_DISABLE] = "1"
-        cmd = [sys.executable, "-m", "overlapcheck.capture.summary", "--trace", layout.trace_path(out, rank),
-               "--out", layout.summary_path(out, rank), "--status", layout.summary_status_path(out, rank),
-               "--rank-status", layout.rank_status_path(out, rank)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "overlapcheck.capture.summary",
+            "--trace",
+            layout.trace_path(out, rank),
+            "--out",
+            layout.summary_path(out, rank),
+            "--status",
+            layout.summary_status_path(out, rank),
+            "--rank-status",
+            layout.rank_status_path(out, rank),
+        ]
         try:
             with open(layout.summary_log_path(out, rank), "wb") as log:
-                proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    close_fds=True,
+                )
             self.summary = {"status": "pending", "pid": proc.pid, "host": rankinfo.identity()["host"]}
         except Exception as exc:  # noqa: BLE001
             self.summary = {"status": "failed", "error": f"could not start: {one_line(exc)}"}
@@ -111,11 +129,14 @@ class RankCapture:
         error = prof.error if prof else None
         if self.broken and state not in ("ok", "failed"):
             state, error = "failed", self.errors[-1]
-        capture: dict[str, Any] = {"status": state, "error": error,
-                                   "steps_seen": prof.steps_done if prof else None}
+        capture: dict[str, Any] = {"status": state, "error": error, "steps_seen": prof.steps_done if prof else None}
         if prof is not None:
-            capture.update(first_step=prof.schedule.first, last_step=prof.schedule.last,
-                           trace_bytes=prof.trace_bytes, export_s=prof.export_s)
+            capture.update(
+                first_step=prof.schedule.first,
+                last_step=prof.schedule.last,
+                trace_bytes=prof.trace_bytes,
+                export_s=prof.export_s,
+            )
             if prof.state == "ok":
                 capture["trace"] = os.path.basename(layout.trace_path(self.settings.out, ident["rank"]))
         return {
@@ -146,8 +167,10 @@ class RankCapture:
             return  # never stepped, skipped, or already final
         if prof.state == "waiting":
             prof.state = "not_reached"
-            prof.error = (f"the job ran {prof.steps_done} optimizer steps; the window starts at step "
-                          f"{prof.schedule.wait} and records steps {prof.schedule.first}-{prof.schedule.last}")
+            prof.error = (
+                f"the job ran {prof.steps_done} optimizer steps; the window starts at step "
+                f"{prof.schedule.wait} and records steps {prof.schedule.first}-{prof.schedule.last}"
+            )
         else:
             prof.finish_early()
         self.write_status()

@@ -11,8 +11,14 @@ from typing import Any
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 ENV_NAMES = (
-    "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
-    "DS_ACCELERATOR", "PYTORCH_CUDA_ALLOC_CONF", "MASTER_ADDR", "MASTER_PORT",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "DS_ACCELERATOR",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "MASTER_ADDR",
+    "MASTER_PORT",
 )
 
 
@@ -34,14 +40,25 @@ def identity() -> dict[str, Any]:
             rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
     except Exception:  # noqa: BLE001 - identity must never fail
         pass
-    return {"rank": rank, "world_size": world, "local_rank": local, "backend": backend,
-            "host": socket.gethostname(), "pid": os.getpid()}
+    return {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local,
+        "backend": backend,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
 
 
 def versions() -> dict[str, str | None]:
     """Python, torch, CUDA, NCCL and DeepSpeed versions as this process sees them (imports nothing new)."""
-    out: dict[str, str | None] = {"python": sys.version.split()[0], "torch": None, "cuda": None,
-                                  "nccl": None, "deepspeed": None}
+    out: dict[str, str | None] = {
+        "python": sys.version.split()[0],
+        "torch": None,
+        "cuda": None,
+        "nccl": None,
+        "deepspeed": None,
+    }
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = str(torch.__version__)

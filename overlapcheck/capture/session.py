@@ -32,8 +32,10 @@ def prepare_out(out: str, force: bool, join: bool) -> None:
         return
     if os.path.isdir(out) and os.listdir(out):
         if not force:
-            raise UserError("the run folder exists and is not empty; use --force to replace its run "
-                            "files, or choose another --out", path=out)
+            raise UserError(
+                "the run folder exists and is not empty; use --force to replace its run files, or choose another --out",
+                path=out,
+            )
         for name in os.listdir(out):
             if layout.is_run_file(name):
                 os.unlink(os.path.join(out, name))
@@ -72,14 +74,17 @@ def wait_for_summaries(out: str, timeout: float, poll: float = 0.2) -> list[int]
         time.sleep(poll)
 
 
-def run(argv: list[str], settings: CaptureSettings, *, force: bool, out_given: bool,
-        summary_timeout: float = 120.0) -> int:
+def run(
+    argv: list[str], settings: CaptureSettings, *, force: bool, out_given: bool, summary_timeout: float = 120.0
+) -> int:
     """Run the job under capture; returns its exit status (negative: killed by that signal)."""
     plan = launchers.plan(argv, forward=[*ENV_NAMES, "PYTHONPATH"])
     join = plan.per_node and plan.node_rank > 0
     if plan.per_node and not out_given:
-        raise UserError("this command is launched once per node: give every node's `overlapcheck run` "
-                        "the same --out (on a shared file system)")
+        raise UserError(
+            "this command is launched once per node: give every node's `overlapcheck run` "
+            "the same --out (on a shared file system)"
+        )
     if shutil.which(plan.argv[0]) is None:
         raise UserError(f"command not found: {plan.argv[0]}")
     out = os.path.abspath(settings.out)
@@ -113,17 +118,31 @@ def run(argv: list[str], settings: CaptureSettings, *, force: bool, out_given: b
     return code
 
 
-def _launcher_status(plan: launchers.LaunchPlan, settings: CaptureSettings,
-                     ds_env_file: str | None) -> dict[str, Any]:
+def _launcher_status(plan: launchers.LaunchPlan, settings: CaptureSettings, ds_env_file: str | None) -> dict[str, Any]:
     sch = settings.schedule
     return {
-        "node_rank": plan.node_rank, "host": socket.gethostname(), "pid": os.getpid(),
-        "kind": plan.kind, "command": plan.argv, "cwd": os.getcwd(), "per_node": plan.per_node,
-        "hostfile": plan.hostfile, "ds_env_file": ds_env_file,
-        "started_at": manifest.now_iso(), "finished_at": None, "exit_code": None,
-        "profiler": {"wait": sch.wait, "warmup": sch.warmup, "active": sch.active, "first_step": sch.first,
-                     "last_step": sch.last, "with_stack": settings.with_stack, "record_shapes": True,
-                     "ranks": settings.ranks},
+        "node_rank": plan.node_rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "kind": plan.kind,
+        "command": plan.argv,
+        "cwd": os.getcwd(),
+        "per_node": plan.per_node,
+        "hostfile": plan.hostfile,
+        "ds_env_file": ds_env_file,
+        "started_at": manifest.now_iso(),
+        "finished_at": None,
+        "exit_code": None,
+        "profiler": {
+            "wait": sch.wait,
+            "warmup": sch.warmup,
+            "active": sch.active,
+            "first_step": sch.first,
+            "last_step": sch.last,
+            "with_stack": settings.with_stack,
+            "record_shapes": True,
+            "ranks": settings.ranks,
+        },
         "versions": manifest.installed_versions(),
         "env": relevant_env(os.environ),
     }
@@ -131,8 +150,11 @@ def _launcher_status(plan: launchers.LaunchPlan, settings: CaptureSettings,
 
 def _tell(out: str, doc: dict[str, Any]) -> None:
     ok = sum(1 for r in doc["ranks"] if r["capture"].get("trace"))
-    failed = [f"rank {r['rank']}: {r['capture'].get('error')}" for r in doc["ranks"]
-              if r["capture"].get("status") not in ("ok", "skipped")]
+    failed = [
+        f"rank {r['rank']}: {r['capture'].get('error')}"
+        for r in doc["ranks"]
+        if r["capture"].get("status") not in ("ok", "skipped")
+    ]
     world = doc.get("world_size") or len(doc["ranks"])
     print(f"overlapcheck: {ok}/{world} rank traces in {out}; next: overlapcheck report {out}", file=sys.stderr)
     for line in failed[:5]:

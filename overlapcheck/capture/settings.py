@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from overlapcheck.errors import UserError
 
-ENV_OUT = "OVERLAPCHECK_OUT"                # run folder (absolute path)
-ENV_SCHEDULE = "OVERLAPCHECK_SCHEDULE"      # "wait,warmup,active" in optimizer steps
+ENV_OUT = "OVERLAPCHECK_OUT"  # run folder (absolute path)
+ENV_SCHEDULE = "OVERLAPCHECK_SCHEDULE"  # "wait,warmup,active" in optimizer steps
 ENV_WITH_STACK = "OVERLAPCHECK_WITH_STACK"  # "1" or "0"
-ENV_RANKS = "OVERLAPCHECK_RANKS"            # rank spec: "all" or "0,2,8-15"
-ENV_DISABLE = "OVERLAPCHECK_DISABLE"        # "1": the bootstrap does nothing (helper processes)
+ENV_RANKS = "OVERLAPCHECK_RANKS"  # rank spec: "all" or "0,2,8-15"
+ENV_DISABLE = "OVERLAPCHECK_DISABLE"  # "1": the bootstrap does nothing (helper processes)
 ENV_TEST_FAIL_PROFILER = "OVERLAPCHECK_TEST_FAIL_PROFILER"  # "1": the profiler raises (tests only)
 ENV_NAMES = (ENV_OUT, ENV_SCHEDULE, ENV_WITH_STACK, ENV_RANKS)
 

@@ -28,8 +28,12 @@ def summarize(trace: str, ds_config: dict[str, Any] | None = None) -> dict[str, 
     findings = rank_doc.pop("_findings", [])
     rank_doc.pop("_timeline", None)
     rank_doc["source"] = os.path.basename(trace)
-    return {"schema": SCHEMA, "tool": {"name": "overlapcheck", "version": __version__},
-            "ranks": [rank_doc], "findings": findings}
+    return {
+        "schema": SCHEMA,
+        "tool": {"name": "overlapcheck", "version": __version__},
+        "ranks": [rank_doc],
+        "findings": findings,
+    }
 
 
 def write_summary(trace: str, out: str, status: str, rank_status: str | None = None) -> bool:

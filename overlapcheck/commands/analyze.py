@@ -18,16 +18,27 @@ HELP_FORMATS = click.Choice(["text", "json"])
 
 def report_options(func):
     """Options shared by `analyze` and `report`."""
-    for option in reversed([
-        click.option("--format", "fmt", type=HELP_FORMATS, default="text", show_default=True,
-                     help="Terminal text, or the JSON report document (docs/report-schema.md)."),
-        click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the text/JSON report to FILE."),
-        click.option("--html", "html_path", type=click.Path(dir_okay=False),
-                     help="Also write a self-contained HTML report."),
-        click.option("--ds-config", type=click.Path(dir_okay=False), help="The DeepSpeed config the job used."),
-        click.option("-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores)."),
-        click.option("--force", is_flag=True, help="Overwrite existing output files."),
-    ]):  # fmt: skip
+    for option in reversed(
+        [
+            click.option(
+                "--format",
+                "fmt",
+                type=HELP_FORMATS,
+                default="text",
+                show_default=True,
+                help="Terminal text, or the JSON report document (docs/report-schema.md).",
+            ),
+            click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the text/JSON report to FILE."),
+            click.option(
+                "--html", "html_path", type=click.Path(dir_okay=False), help="Also write a self-contained HTML report."
+            ),
+            click.option("--ds-config", type=click.Path(dir_okay=False), help="The DeepSpeed config the job used."),
+            click.option(
+                "-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores)."
+            ),
+            click.option("--force", is_flag=True, help="Overwrite existing output files."),
+        ]
+    ):
         func = option(func)
     return func
 
@@ -44,8 +55,15 @@ def command(paths: tuple[str, ...], **options: Any) -> None:
     run_report(list(paths), **options)
 
 
-def run_report(paths: list[str], fmt: str, output: str | None, html_path: str | None, ds_config: str | None,
-               jobs: int | None, force: bool) -> None:  # fmt: skip
+def run_report(
+    paths: list[str],
+    fmt: str,
+    output: str | None,
+    html_path: str | None,
+    ds_config: str | None,
+    jobs: int | None,
+    force: bool,
+) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
     from overlapcheck.analysis import Options
     from overlapcheck.fsutil import atomic_write, check_target
@@ -105,8 +123,13 @@ def _with_progress(paths: list[str], jobs: int | None, options) -> dict[str, Any
     console = Console(stderr=True)
     if not console.is_terminal or count == 0:
         return analyze_paths(paths, jobs=jobs, options=options)
-    columns = (TextColumn(f"reading {count} file(s)"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn(f"reading {count} file(s)"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("read", total=input_bytes(inputs))
         return analyze_paths(paths, jobs=jobs, options=options, on_bytes=lambda n: progress.advance(task, n))

@@ -24,5 +24,6 @@ def save(report_path: str, baseline_path: str, force: bool) -> None:
         text = fh.read()
     atomic_write(baseline_path, text, force)
     median = reduce_ranks(report, lambda r: rank_overlap(r, "all"), "median", higher_is_worse=False)
-    click.echo(f"saved baseline {baseline_path}: {len(report['ranks'])} ranks, "
-               f"overlap (median) {fmt_pct(median.value)}")
+    click.echo(
+        f"saved baseline {baseline_path}: {len(report['ranks'])} ranks, overlap (median) {fmt_pct(median.value)}"
+    )

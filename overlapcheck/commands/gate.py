@@ -23,31 +23,64 @@ from overlapcheck.report.gate import (
 
 @click.command("gate")
 @click.argument("report_path", metavar="REPORT.json")
-@click.option("--baseline", "baseline_path", metavar="BASE.json",
-              help="Compare with this report (see `overlapcheck baseline save`).")
-@click.option("--min-overlap", multiple=True, metavar="KIND=FRACTION",
-              help="Require collectives.KIND.overlap >= FRACTION (0.8 or 80%); repeatable. KIND: all, "
-                   "reduce_scatter, all_gather, all_reduce, ...")
-@click.option("--max-exposed-share", metavar="FRACTION",
-              help="Require exposed communication / step time <= FRACTION.")
-@click.option("--max-exposed-regression", multiple=True, metavar="[KIND=]PERCENT",
-              help="Allowed growth of exposed communication per step over the baseline (default all=10% "
-                   "when --baseline is given); repeatable.")
-@click.option("--max-overlap-drop", multiple=True, metavar="[KIND=]POINTS",
-              help="Allowed fall of the overlap below the baseline's, in percentage points (5% or 0.05; "
-                   "default all=5% when --baseline is given); repeatable.")
-@click.option("--ignore-below-us", default="100", show_default=True, metavar="US",
-              help="Never fail a regression smaller than this many µs per step (noise floor).")
-@click.option("--across", type=click.Choice(ACROSS), default=None,
-              help="Reduce ranks to their worst or their median rank for every check (default: worst rank "
-                   "for thresholds, median rank for baseline comparisons).")
+@click.option(
+    "--baseline",
+    "baseline_path",
+    metavar="BASE.json",
+    help="Compare with this report (see `overlapcheck baseline save`).",
+)
+@click.option(
+    "--min-overlap",
+    multiple=True,
+    metavar="KIND=FRACTION",
+    help="Require collectives.KIND.overlap >= FRACTION (0.8 or 80%); repeatable. KIND: all, "
+    "reduce_scatter, all_gather, all_reduce, ...",
+)
+@click.option("--max-exposed-share", metavar="FRACTION", help="Require exposed communication / step time <= FRACTION.")
+@click.option(
+    "--max-exposed-regression",
+    multiple=True,
+    metavar="[KIND=]PERCENT",
+    help="Allowed growth of exposed communication per step over the baseline (default all=10% "
+    "when --baseline is given); repeatable.",
+)
+@click.option(
+    "--max-overlap-drop",
+    multiple=True,
+    metavar="[KIND=]POINTS",
+    help="Allowed fall of the overlap below the baseline's, in percentage points (5% or 0.05; "
+    "default all=5% when --baseline is given); repeatable.",
+)
+@click.option(
+    "--ignore-below-us",
+    default="100",
+    show_default=True,
+    metavar="US",
+    help="Never fail a regression smaller than this many µs per step (noise floor).",
+)
+@click.option(
+    "--across",
+    type=click.Choice(ACROSS),
+    default=None,
+    help="Reduce ranks to their worst or their median rank for every check (default: worst rank "
+    "for thresholds, median rank for baseline comparisons).",
+)
 @click.option("--junit", "junit_path", metavar="FILE", help="Write JUnit XML, one test case per check.")
 @click.option("--markdown", "markdown_path", metavar="FILE", help="Write a Markdown summary.")
 @click.pass_context
-def command(ctx: click.Context, report_path: str, baseline_path: str | None, min_overlap: tuple[str, ...],
-            max_exposed_share: str | None, max_exposed_regression: tuple[str, ...],
-            max_overlap_drop: tuple[str, ...], ignore_below_us: str, across: str | None, junit_path: str | None,
-            markdown_path: str | None) -> None:
+def command(
+    ctx: click.Context,
+    report_path: str,
+    baseline_path: str | None,
+    min_overlap: tuple[str, ...],
+    max_exposed_share: str | None,
+    max_exposed_regression: tuple[str, ...],
+    max_overlap_drop: tuple[str, ...],
+    ignore_below_us: str,
+    across: str | None,
+    junit_path: str | None,
+    markdown_path: str | None,
+) -> None:
     """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline."""
     from rich.console import Console
 
@@ -57,8 +90,9 @@ def command(ctx: click.Context, report_path: str, baseline_path: str | None, min
 
     config = GateConfig(
         min_overlap=parse_min_overlap(min_overlap),
-        max_exposed_share=(parse_fraction(max_exposed_share, "--max-exposed-share")
-                           if max_exposed_share is not None else None),
+        max_exposed_share=(
+            parse_fraction(max_exposed_share, "--max-exposed-share") if max_exposed_share is not None else None
+        ),
         max_exposed_regression=parse_regressions(max_exposed_regression),
         max_overlap_drop=parse_regressions(max_overlap_drop, "--max-overlap-drop", allow_over_one=False),
         ignore_below_us=parse_us(ignore_below_us, "--ignore-below-us"),

@@ -10,8 +10,9 @@ from overlapcheck.errors import UserError
 
 
 @click.command("simulate")
-@click.option("--scenario", default="healthy", show_default=True,
-              help="Preset name; 'a+b' applies a then b. See --list.")
+@click.option(
+    "--scenario", default="healthy", show_default=True, help="Preset name; 'a+b' applies a then b. See --list."
+)
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), help="Output directory.")
 @click.option("--list", "list_presets", is_flag=True, help="List the presets and exit.")
 @click.option("--nodes", type=int, help="Nodes (default: the preset's).")

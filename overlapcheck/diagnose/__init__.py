@@ -51,8 +51,11 @@ def merge_findings(report: dict[str, Any], config: dict[str, Any] | None) -> tup
         for f in r.get("_findings") or []:
             if not str(f.get("rule", "")).startswith("_"):
                 groups.setdefault((f["rule"], f.get("_key", "")), []).append(f)
-    merged = [f for f in (_merge(group) for group in groups.values())
-              if f["rule"] not in registry.INHERENT or f["cost_us"] >= registry.INHERENT_MIN_US]  # fmt: skip
+    merged = [
+        f
+        for f in (_merge(group) for group in groups.values())
+        if f["rule"] not in registry.INHERENT or f["cost_us"] >= registry.INHERENT_MIN_US
+    ]
     for rule in registry.CROSS_RULES:
         merged.extend(rule(report, config))
     _paced_by_straggler(merged)
@@ -63,8 +66,9 @@ def merge_findings(report: dict[str, Any], config: dict[str, Any] | None) -> tup
         f.pop("_rank_costs", None)
         if f.get("severity") is None or f["rule"] in registry.SEVERITY_CAP or f["rule"] in registry.SEVERITY_SHARES:
             shares = registry.SEVERITY_SHARES.get(f["rule"])
-            f["severity"] = severity_of(f["cost_us"], step_us, registry.SEVERITY_CAP.get(f["rule"]),
-                                        *([shares] if shares else []))  # fmt: skip
+            f["severity"] = severity_of(
+                f["cost_us"], step_us, registry.SEVERITY_CAP.get(f["rule"]), *([shares] if shares else [])
+            )
     merged.sort(key=lambda f: (-f["cost_us"], f["rule"]))
     return merged, _explained(ranks, merged)
 
@@ -82,8 +86,12 @@ def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
     evidence = dict(worst["evidence"])
     if len(costs) > 1:
         values = sorted(costs.values())
-        evidence["cost_us_across_ranks"] = {"min": values[0], "median": statistics.median(values),
-                                            "max": values[-1], "worst_rank": max(costs, key=costs.get)}  # fmt: skip
+        evidence["cost_us_across_ranks"] = {
+            "min": values[0],
+            "median": statistics.median(values),
+            "max": values[-1],
+            "worst_rank": max(costs, key=costs.get),
+        }
     out["evidence"] = evidence
     return out
 
@@ -104,11 +112,15 @@ def _paced_by_straggler(findings: list[dict[str, Any]]) -> None:
 
 def _explained(ranks: list[dict[str, Any]], findings: list[dict[str, Any]]) -> float | None:
     """Share of the exposed communication per step (mean over ranks) that the findings' costs account for."""
-    exposed = _mean([
-        sum(s["collectives"]["all"]["exposed_us"] for s in r["steps"]) / len(r["steps"]) if r.get("steps")
-        else r["collectives"]["all"]["exposed_us"]
-        for r in ranks if r["collectives"]["all"]["count"]
-    ])  # fmt: skip
+    exposed = _mean(
+        [
+            sum(s["collectives"]["all"]["exposed_us"] for s in r["steps"]) / len(r["steps"])
+            if r.get("steps")
+            else r["collectives"]["all"]["exposed_us"]
+            for r in ranks
+            if r["collectives"]["all"]["count"]
+        ]
+    )
     if not exposed:
         return None
     explained = sum(f["cost_us"] for f in findings if f.get("explains_exposed", True))

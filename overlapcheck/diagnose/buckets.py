@@ -65,8 +65,9 @@ def _gradient_copies(view: RankView) -> np.ndarray:
     return (g.cls == C.MEMCPY) & (g.nbytes > 0) & dtod
 
 
-def last_bucket_fraction(view: RankView, rows: np.ndarray, bucket_elems: int, elems_per_step: int,
-                         gradient_copies: np.ndarray | None = None) -> float:  # fmt: skip
+def last_bucket_fraction(
+    view: RankView, rows: np.ndarray, bucket_elems: int, elems_per_step: int, gradient_copies: np.ndarray | None = None
+) -> float:
     """Share of the step's gradient volume that would be in the last bucket with `bucket_elems` buckets.
 
     DeepSpeed flushes when `elements + numel > reduce_bucket_size` (stage3.py
@@ -152,18 +153,36 @@ def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
     fits = params is not None and bucket >= params
     overlap = (view.rank.get("collectives") or {}).get("reduce_scatter", {}).get("overlap")
     exposed = f"reduce-scatter is {1 - overlap:.0%} exposed: " if overlap is not None else ""
-    why = (f"{exposed}every gradient fits in one {sci(bucket)}-element bucket (reduce_bucket_size >= {params:,} "
-           "trainable parameters), so all reduce-scatters wait for independent_gradient_partition_epilogue after "
-           "the last backward kernel" if fits else
-           f"{exposed}{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, so it "
-           f"cannot overlap backward compute (reduce_bucket_size {sci(bucket)})")  # fmt: skip
-    evidence = {"reduce_bucket_size": bucket, "reduce_bucket_size_from": bucket_src, "parameters": params,
-                "parameters_from": params_src, "deferred_share": round(float(share), 4),
-                "reduce_scatters_per_step": round(float(rs.sum()) / view.n_steps, 2),
-                "deferred_exposed_us_per_step": round(sum(costs) / view.n_steps, 3)}  # fmt: skip
+    why = (
+        f"{exposed}every gradient fits in one {sci(bucket)}-element bucket (reduce_bucket_size >= {params:,} "
+        "trainable parameters), so all reduce-scatters wait for independent_gradient_partition_epilogue after "
+        "the last backward kernel"
+        if fits
+        else f"{exposed}{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, so it "
+        f"cannot overlap backward compute (reduce_bucket_size {sci(bucket)})"
+    )
+    evidence = {
+        "reduce_bucket_size": bucket,
+        "reduce_bucket_size_from": bucket_src,
+        "parameters": params,
+        "parameters_from": params_src,
+        "deferred_share": round(float(share), 4),
+        "reduce_scatters_per_step": round(float(rs.sum()) / view.n_steps, 2),
+        "deferred_exposed_us_per_step": round(sum(costs) / view.n_steps, 3),
+    }
     fix = make_fix(view.config, {"zero_optimization.reduce_bucket_size": target})
-    return [finding("reduce-scatter-deferred", "Reduce-scatter runs after the last backward kernel", why, cost,
-                    [view.rank_id], steps, evidence, fix)]  # fmt: skip
+    return [
+        finding(
+            "reduce-scatter-deferred",
+            "Reduce-scatter runs after the last backward kernel",
+            why,
+            cost,
+            [view.rank_id],
+            steps,
+            evidence,
+            fix,
+        )
+    ]
 
 
 @rank_rule
@@ -207,11 +226,19 @@ def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
         "compute_stream": view.compute_stream,
         "overlap_comm_in_config": config_value(view.config, "zero_optimization.overlap_comm"),
     }
-    return [finding("overlap-comm-disabled", "Gradient reduction runs on the compute stream (overlap_comm off)",
-                    "with overlap_comm false DeepSpeed uses the default stream for reduce_and_partition_stream, so "
-                    "every reduce-scatter and gradient copy serializes with backward compute",
-                    sum(costs) / view.n_steps, [view.rank_id], steps, evidence,
-                    make_fix(view.config, {"zero_optimization.overlap_comm": True}))]  # fmt: skip
+    return [
+        finding(
+            "overlap-comm-disabled",
+            "Gradient reduction runs on the compute stream (overlap_comm off)",
+            "with overlap_comm false DeepSpeed uses the default stream for reduce_and_partition_stream, so "
+            "every reduce-scatter and gradient copy serializes with backward compute",
+            sum(costs) / view.n_steps,
+            [view.rank_id],
+            steps,
+            evidence,
+            make_fix(view.config, {"zero_optimization.overlap_comm": True}),
+        )
+    ]
 
 
 SEVERITY_CAP["tiny-collectives"] = "warning"
@@ -242,10 +269,20 @@ def tiny_collectives(view: RankView) -> list[dict[str, Any]]:
     elif main == RS:
         bucket, _ = reduce_bucket_size(view)
         settings["zero_optimization.reduce_bucket_size"] = round_size(bucket * 10)
-    evidence = {"per_step": round(per_step, 1), "by_collective": {C.COLLECTIVES[k]: int(n) for k, n in
-                                                                  enumerate(kinds) if n},
-                "median_bytes": int(np.median(size[size < TINY_BYTES]))}  # fmt: skip
-    return [finding("tiny-collectives", f"{per_step:.0f} latency-bound collectives under 1 MiB per step",
-                    "each NCCL call pays a fixed launch and latency cost; fewer, larger calls move the same bytes "
-                    "faster", exposed, [view.rank_id], view.step_numbers, evidence,
-                    make_fix(view.config, settings))]  # fmt: skip
+    evidence = {
+        "per_step": round(per_step, 1),
+        "by_collective": {C.COLLECTIVES[k]: int(n) for k, n in enumerate(kinds) if n},
+        "median_bytes": int(np.median(size[size < TINY_BYTES])),
+    }
+    return [
+        finding(
+            "tiny-collectives",
+            f"{per_step:.0f} latency-bound collectives under 1 MiB per step",
+            "each NCCL call pays a fixed launch and latency cost; fewer, larger calls move the same bytes faster",
+            exposed,
+            [view.rank_id],
+            view.step_numbers,
+            evidence,
+            make_fix(view.config, settings),
+        )
+    ]

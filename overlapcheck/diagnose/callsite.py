@@ -19,9 +19,11 @@ import numpy as np
 from overlapcheck.trace.model import PYTHON, TraceModel
 
 _FRAME = re.compile(r"^(?P<file>.*?\.py)\((?P<line>\d+)\): (?P<func>.+)$")
-_LIBRARY = re.compile(r"(^|/)(torch|torchvision|numpy|transformers|accelerate|apex|triton|collections|contextlib|"
-                      r"threading|importlib|functools|typing|abc|enum)/|site-packages/(?!deepspeed)|dist-packages/"
-                      r"(?!deepspeed)|/lib/python3\.\d+/(?!site-packages)|^<")  # fmt: skip
+_LIBRARY = re.compile(
+    r"(^|/)(torch|torchvision|numpy|transformers|accelerate|apex|triton|collections|contextlib|"
+    r"threading|importlib|functools|typing|abc|enum)/|site-packages/(?!deepspeed)|dist-packages/"
+    r"(?!deepspeed)|/lib/python3\.\d+/(?!site-packages)|^<"
+)
 _DS_PLUMBING = re.compile(r"deepspeed/(accelerator/|utils/nvtx\.py|runtime/compiler\.py|utils/debug\.py)")
 
 

@@ -20,9 +20,18 @@ _ZERO_ALIASES = {
 }
 
 
-def finding(rule: str, title: str, why: str, cost_us: float, ranks: list[int], steps: list[int],
-            evidence: dict[str, Any], fix: dict[str, Any] | None = None, severity: str | None = None,
-            key: str = "") -> dict[str, Any]:  # fmt: skip
+def finding(
+    rule: str,
+    title: str,
+    why: str,
+    cost_us: float,
+    ranks: list[int],
+    steps: list[int],
+    evidence: dict[str, Any],
+    fix: dict[str, Any] | None = None,
+    severity: str | None = None,
+    key: str = "",
+) -> dict[str, Any]:
     """A FINDING. `severity` None lets the merge set it from the cost; `key` separates findings of one rule
     that must not merge (e.g. host syncs from different call sites)."""
     return {
@@ -39,8 +48,12 @@ def finding(rule: str, title: str, why: str, cost_us: float, ranks: list[int], s
     }
 
 
-def severity_of(cost_us: float, step_us: float, cap: str | None = None,
-                shares: tuple[float, float] = (CRITICAL_SHARE, WARNING_SHARE)) -> str:  # fmt: skip
+def severity_of(
+    cost_us: float,
+    step_us: float,
+    cap: str | None = None,
+    shares: tuple[float, float] = (CRITICAL_SHARE, WARNING_SHARE),
+) -> str:
     """critical / warning / info from the share of the step a finding costs (thresholds `shares`), never above
     `cap`."""
     share = cost_us / step_us if step_us > 0 else 0.0
@@ -66,8 +79,12 @@ def config_value(config: dict[str, Any] | None, path: str) -> Any:
     return None
 
 
-def make_fix(config: dict[str, Any] | None, settings: dict[str, Any] | None = None, env: dict[str, Any] | None = None,
-             upgrade: str | None = None) -> dict[str, Any]:  # fmt: skip
+def make_fix(
+    config: dict[str, Any] | None,
+    settings: dict[str, Any] | None = None,
+    env: dict[str, Any] | None = None,
+    upgrade: str | None = None,
+) -> dict[str, Any]:
     """A `fix` without the settings the config already has."""
     out: dict[str, Any] = {}
     wanted = {k: v for k, v in (settings or {}).items() if config_value(config, k) != v}

@@ -40,9 +40,16 @@ def collective_signature(view: RankView) -> list[dict[str, Any]]:
     for pg, coll in zip(g.pg[idx].tolist(), g.coll[idx].tolist(), strict=True):
         counters[(pg, coll)] += 1
         keys.append(f"{view.names[pg] if pg >= 0 else ''}|{C.COLLECTIVES[coll]}|{counters[(pg, coll)]}")
-    return [{"rule": SIGNATURE, "keys": keys, "dur": np.round(dur, 3).tolist(),
-             "exposed": np.round(exposed, 4).tolist(), "in_step": (view.gpu_step[idx] >= 0).tolist(),
-             "steps": view.n_steps}]  # fmt: skip
+    return [
+        {
+            "rule": SIGNATURE,
+            "keys": keys,
+            "dur": np.round(dur, 3).tolist(),
+            "exposed": np.round(exposed, 4).tolist(),
+            "in_step": (view.gpu_step[idx] >= 0).tolist(),
+            "steps": view.n_steps,
+        }
+    ]
 
 
 @cross_rule
@@ -52,8 +59,9 @@ def straggler(report: dict[str, Any], config: dict[str, Any] | None) -> list[dic
     ranks of the exposed time they spend waiting for it."""
     from overlapcheck.diagnose.finding import finding
 
-    sigs = {r["rank"]: s for r in report.get("ranks") or [] for s in r.get("_findings") or []
-            if s.get("rule") == SIGNATURE}  # fmt: skip
+    sigs = {
+        r["rank"]: s for r in report.get("ranks") or [] for s in r.get("_findings") or [] if s.get("rule") == SIGNATURE
+    }
     if len(sigs) < 2:
         return []
     table: dict[str, dict[int, tuple[float, float, bool]]] = {}
@@ -100,10 +108,20 @@ def straggler(report: dict[str, Any], config: dict[str, Any] | None) -> list[dic
         "own_wait_us_per_step": round(wait[rank] / sigs[rank]["steps"], 3),
         "method": "kernel duration minus the shortest duration of the same collective across ranks",
     }
-    return [finding("straggler", f"Rank {rank}{f' ({host})' if host else ''} is a straggler",
-                    f"rank {rank} arrives last at {count} of {informative} collectives; the other ranks spend the "
-                    "difference waiting inside their NCCL kernels. Check that GPU's clocks, thermals, power and "
-                    "host load", cost, [rank], [], evidence, {})]  # fmt: skip
+    return [
+        finding(
+            "straggler",
+            f"Rank {rank}{f' ({host})' if host else ''} is a straggler",
+            f"rank {rank} arrives last at {count} of {informative} collectives; the other ranks spend the "
+            "difference waiting inside their NCCL kernels. Check that GPU's clocks, thermals, power and "
+            "host load",
+            cost,
+            [rank],
+            [],
+            evidence,
+            {},
+        )
+    ]
 
 
 def _extra_compute(report: dict[str, Any], rank: int) -> float | None:

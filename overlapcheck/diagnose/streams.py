@@ -30,8 +30,9 @@ def no_concurrency(view: RankView) -> bool:
     if "_no_concurrency" not in view.__dict__:
         both, total, n = concurrency(view)
         comm_elsewhere = (view.is_comm & (view.gpu.stream != view.compute_stream)).any()
-        view.__dict__["_no_concurrency"] = bool(n >= 2 and comm_elsewhere and total > 0
-                                                and both <= CONCURRENT_SHARE * total)  # fmt: skip
+        view.__dict__["_no_concurrency"] = bool(
+            n >= 2 and comm_elsewhere and total > 0 and both <= CONCURRENT_SHARE * total
+        )
     return view.__dict__["_no_concurrency"]
 
 
@@ -144,11 +145,20 @@ def same_communicator(view: RankView) -> list[dict[str, Any]]:
         "reduce_scatter_tail_delay_us_per_step": round(tail, 3),
         "hpz_partition_size": config_value(view.config, "zero_optimization.zero_hpz_partition_size"),
     }
-    return [finding("same-communicator", f"All-gather and reduce-scatter share communicator {pg!r}",
-                    "NCCL runs one communicator's kernels one at a time, so all-gathers wait behind "
-                    "reduce-scatters; hpZ (zero_hpz_partition_size = GPUs per node) gathers on a separate "
-                    "intra-node group", cost, [view.rank_id], steps or view.step_numbers, evidence,
-                    make_fix(view.config, settings))]  # fmt: skip
+    return [
+        finding(
+            "same-communicator",
+            f"All-gather and reduce-scatter share communicator {pg!r}",
+            "NCCL runs one communicator's kernels one at a time, so all-gathers wait behind "
+            "reduce-scatters; hpZ (zero_hpz_partition_size = GPUs per node) gathers on a separate "
+            "intra-node group",
+            cost,
+            [view.rank_id],
+            steps or view.step_numbers,
+            evidence,
+            make_fix(view.config, settings),
+        )
+    ]
 
 
 @rank_rule

@@ -25,9 +25,16 @@ from overlapcheck.diagnose.sizing import DEFAULT_PREFETCH_BUCKET, parameter_coun
 from overlapcheck.trace import classify as C
 
 SYNC_CALLS = {
-    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpy2D",
-    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaThreadSynchronize",
-}  # fmt: skip
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpy2D",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+    "cudaThreadSynchronize",
+}
 MEMCPY_CALLS = {"cudaMemcpyAsync", "cuMemcpyAsync", "cuMemcpyDtoHAsync_v2"}
 BLOCKING_SYNC_KINDS = {"Stream Sync", "Context Sync", "Event Sync"}
 MIN_BLOCKING_COPY_US = 20.0  # an async copy call that lasts as long as its transfer blocked the host
@@ -50,12 +57,20 @@ def host_syncs(view: RankView) -> list[Sync]:
     """Every host-blocking call of the rank, with its call site."""
     rt = view.model.runtime
     starts = rt.start.tolist()
-    idx = np.array(sorted({*view.runtime_named(*SYNC_CALLS).tolist(), *_blocking_copies(view)},
-                          key=starts.__getitem__), dtype=np.int64)  # fmt: skip
+    idx = np.array(
+        sorted({*view.runtime_named(*SYNC_CALLS).tolist(), *_blocking_copies(view)}, key=starts.__getitem__),
+        dtype=np.int64,
+    )
     sites = view.callsites
     out = []
-    for i, start, end, thread, name in zip(idx.tolist(), rt.start[idx].tolist(), rt.end[idx].tolist(),
-                                           rt.thread[idx].tolist(), rt.name[idx].tolist(), strict=True):  # fmt: skip
+    for i, start, end, thread, name in zip(
+        idx.tolist(),
+        rt.start[idx].tolist(),
+        rt.end[idx].tolist(),
+        rt.thread[idx].tolist(),
+        rt.name[idx].tolist(),
+        strict=True,
+    ):
         mid = 0.5 * (rt.start[i] + rt.end[i])
         stack = sites.stack(thread, mid) if sites.has_stacks else []
         out.append(Sync(start, end, thread, view.names[name], sites.site(thread, mid), functions(stack)))
@@ -87,9 +102,10 @@ def _orphan_sync_events(view: RankView) -> list[Sync]:
     orphan = view.name_mask(s.name, lambda n: n in BLOCKING_SYNC_KINDS)
     orphan &= ~np.isin(s.correlation, view.model.runtime.correlation)
     rows = np.flatnonzero(orphan)
-    return [Sync(start, end, -1, view.names[name], {"frame": None, "stack": []}, set())
-            for start, end, name in zip(s.start[rows].tolist(), s.end[rows].tolist(), s.name[rows].tolist(),
-                                        strict=True)]  # fmt: skip
+    return [
+        Sync(start, end, -1, view.names[name], {"frame": None, "stack": []}, set())
+        for start, end, name in zip(s.start[rows].tolist(), s.end[rows].tolist(), s.name[rows].tolist(), strict=True)
+    ]
 
 
 # -- which rule owns a sync ----------------------------------------------------------------------------------
@@ -231,8 +247,11 @@ def chain_costs(view: RankView, syncs: list[Sync], owners: list[str]) -> tuple[n
             # the step's first all-gather is waited for anyway, unless the host issued it after this owner's
             # first call returned: then it moves earlier with the host and hides behind the queued compute
             fixed = first[first_launch <= ends[mine].min()]
-            waited = _inside(view, iv.union(view.gpu.start[fixed], view.gpu.end[fixed]), lo[n : n + 1],
-                             hi[n : n + 1])[0] if len(fixed) else 0.0
+            waited = (
+                _inside(view, iv.union(view.gpu.start[fixed], view.gpu.end[fixed]), lo[n : n + 1], hi[n : n + 1])[0]
+                if len(fixed)
+                else 0.0
+            )
             # the optimizer needs the reduced gradients: only the epilogue's own overhead, once the GPU is idle
             bound = gpu_idle[n] if owner.startswith(WAITED_FOR) else idle[n] - waited
             saved = min(bound, max(0.0, blocked[mine].sum() - blocked[later].sum()))
@@ -348,38 +367,46 @@ Text = tuple[str, str, dict[str, Any]]
 
 
 def _comms_logger(view: RankView, syncs: list[Sync]) -> Text:
-    return ("The comms logger synchronizes the device after every collective",
-            "deepspeed/comm/comm.py timed_op calls get_accelerator().synchronize() after each logged op while "
-            "comms_logger is enabled, so no collective can overlap compute",
-            make_fix(view.config, {"comms_logger.enabled": False}))  # fmt: skip
+    return (
+        "The comms logger synchronizes the device after every collective",
+        "deepspeed/comm/comm.py timed_op calls get_accelerator().synchronize() after each logged op while "
+        "comms_logger is enabled, so no collective can overlap compute",
+        make_fix(view.config, {"comms_logger.enabled": False}),
+    )
 
 
 def _throughput_timer(view: RankView, syncs: list[Sync]) -> Text:
     fix = make_fix(view.config, {"timers.throughput.synchronized": False})
     if config_value(view.config, "timers.throughput") is None:
         fix["upgrade"] = "deepspeed>=0.14.3"  # timers.throughput is configurable from v0.14.3 (#5363)
-    return ("The throughput timer synchronizes the device at the start and end of every step",
-            "deepspeed/utils/timer.py ThroughputTimer.start/stop call get_accelerator().synchronize() when "
-            "timers.throughput.synchronized is true (always before v0.14.3)", fix)  # fmt: skip
+    return (
+        "The throughput timer synchronizes the device at the start and end of every step",
+        "deepspeed/utils/timer.py ThroughputTimer.start/stop call get_accelerator().synchronize() when "
+        "timers.throughput.synchronized is true (always before v0.14.3)",
+        fix,
+    )
 
 
 def _offload_copy(view: RankView, syncs: list[Sync]) -> Text:
-    return ("Gradient offload copies block the host during backward",
-            "before DeepSpeed 0.19.5 (#8207) partition_grads copies each gradient partition to CPU with a blocking "
-            "copy_, so backward stops launching compute until the copy is done",
-            make_fix(view.config, {"zero_optimization.offload_optimizer.pin_memory": True},
-                     upgrade="deepspeed>=0.19.5"))  # fmt: skip
+    return (
+        "Gradient offload copies block the host during backward",
+        "before DeepSpeed 0.19.5 (#8207) partition_grads copies each gradient partition to CPU with a blocking "
+        "copy_, so backward stops launching compute until the copy is done",
+        make_fix(view.config, {"zero_optimization.offload_optimizer.pin_memory": True}, upgrade="deepspeed>=0.19.5"),
+    )
 
 
 def _reduce_throttle(view: RankView, syncs: list[Sync]) -> Text:
     bucket, _ = reduce_bucket_size(view)
     params, _ = parameter_count(view)
     target = bucket * 5 if params is None else min(bucket * 5, max(bucket, params // 2))
-    return ("Backward stalls on the reduce-scatter throttle",
-            "stage3.py __reduce_and_partition_ipg_grads blocks on cudaEventSynchronize when more than 2 bucket "
-            "reductions are in flight (max_param_reduce_events, not configurable), so the autograd thread stops "
-            "launching compute; fewer, larger buckets keep fewer reductions in flight",
-            make_fix(view.config, {"zero_optimization.reduce_bucket_size": round_size(target)}))  # fmt: skip
+    return (
+        "Backward stalls on the reduce-scatter throttle",
+        "stage3.py __reduce_and_partition_ipg_grads blocks on cudaEventSynchronize when more than 2 bucket "
+        "reductions are in flight (max_param_reduce_events, not configurable), so the autograd thread stops "
+        "launching compute; fewer, larger buckets keep fewer reductions in flight",
+        make_fix(view.config, {"zero_optimization.reduce_bucket_size": round_size(target)}),
+    )
 
 
 def _fetch_throttle(view: RankView, syncs: list[Sync]) -> Text:
@@ -393,10 +420,13 @@ def _fetch_throttle(view: RankView, syncs: list[Sync]) -> Text:
 
 
 def _epilogue(view: RankView, syncs: list[Sync]) -> Text:
-    return ("The backward epilogue waits for the last gradient bucket",
-            "stage3.py independent_gradient_partition_epilogue flushes the last bucket and calls "
-            "reduce_and_partition_stream.synchronize(): the last reduce-scatter is always exposed; this is the "
-            "host overhead of that sync once the GPU is idle", {})  # fmt: skip
+    return (
+        "The backward epilogue waits for the last gradient bucket",
+        "stage3.py independent_gradient_partition_epilogue flushes the last bucket and calls "
+        "reduce_and_partition_stream.synchronize(): the last reduce-scatter is always exposed; this is the "
+        "host overhead of that sync once the GPU is idle",
+        {},
+    )
 
 
 GRAD_NORM_SYNC = {"get_grad_norm_direct", "get_global_norm", "_get_norm_groups"}

@@ -152,8 +152,18 @@ def allgather_not_prefetched(view: RankView) -> list[dict[str, Any]]:
         )
         fix = make_fix(view.config, {"zero_optimization.log_trace_cache_warnings": True})
     evidence = {"on_demand_fetches_per_step": round(float(per_step), 2), "prefetch_bucket_size": prefetch}
-    return [finding("allgather-not-prefetched", "Compute waits for all-gathers that were not prefetched", why, cost,
-                    [view.rank_id], steps, evidence, fix)]  # fmt: skip
+    return [
+        finding(
+            "allgather-not-prefetched",
+            "Compute waits for all-gathers that were not prefetched",
+            why,
+            cost,
+            [view.rank_id],
+            steps,
+            evidence,
+            fix,
+        )
+    ]
 
 
 @rank_rule
@@ -181,10 +191,13 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
         cost, steps = view.per_step(left[sel], view.launch[st.kernel[sel]])
         name = C.COLLECTIVES[kind] if kind >= 0 else "non-communication work"
         awaited = st.comm[sel][st.comm[sel] >= 0]
-        evidence = {"waited_for": name, "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
-                    "stream_wait_events_per_step": _stream_waits_per_step(view),
-                    "compute_stream": view.compute_stream,
-                    "waited_on_streams": sorted({int(s) for s in g.stream[awaited].tolist()})}  # fmt: skip
+        evidence = {
+            "waited_for": name,
+            "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
+            "stream_wait_events_per_step": _stream_waits_per_step(view),
+            "compute_stream": view.compute_stream,
+            "waited_on_streams": sorted({int(s) for s in g.stream[awaited].tolist()}),
+        }
         why = (
             f"the compute stream is held by a stream wait until {name} finishes, and no other compute is ready "
             "to run meanwhile"
@@ -194,8 +207,19 @@ def cross_stream_waits(view: RankView) -> list[dict[str, Any]]:
                 "; these all-gathers were prefetched but take longer than the compute before them: a larger "
                 "stage3_prefetch_bucket_size starts them earlier, zero_quantized_weights or hpZ make them smaller"
             )
-        out.append(finding("cross-stream-wait", f"Compute stream waits for {name} on another stream", why, cost,
-                           [view.rank_id], steps, evidence, {}, key=name))  # fmt: skip
+        out.append(
+            finding(
+                "cross-stream-wait",
+                f"Compute stream waits for {name} on another stream",
+                why,
+                cost,
+                [view.rank_id],
+                steps,
+                evidence,
+                {},
+                key=name,
+            )
+        )
     return out
 
 

@@ -28,8 +28,16 @@ from overlapcheck.fsutil import open_input
 
 SCHEMA_PREFIX = "overlapcheck.report/"
 SUPPORTED_MAJOR = 1
-COLLECTIVE_KINDS = ("all", "reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv",
-                    "broadcast", "other")
+COLLECTIVE_KINDS = (
+    "all",
+    "reduce_scatter",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "send_recv",
+    "broadcast",
+    "other",
+)
 ACROSS = ("worst", "median")
 DEFAULT_REGRESSION = {"all": 0.10}  # with --baseline and no explicit baseline check
 DEFAULT_DROP = {"all": 0.05}
@@ -81,12 +89,12 @@ def validate_report(doc: object, path: str | None = None) -> None:
     """Raise UserError unless `doc` looks like an `overlapcheck.report/1` document."""
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
-        raise UserError(f"not an overlapcheck report (expected \"schema\": \"{SCHEMA_PREFIX}"
-                        f"{SUPPORTED_MAJOR}\")", path)
-    major = schema[len(SCHEMA_PREFIX):].split(".")[0]
+        raise UserError(f'not an overlapcheck report (expected "schema": "{SCHEMA_PREFIX}{SUPPORTED_MAJOR}")', path)
+    major = schema[len(SCHEMA_PREFIX) :].split(".")[0]
     if major != str(SUPPORTED_MAJOR):
-        raise UserError(f"report schema {schema!r} is not supported; this overlapcheck reads "
-                        f"{SCHEMA_PREFIX}{SUPPORTED_MAJOR}", path)
+        raise UserError(
+            f"report schema {schema!r} is not supported; this overlapcheck reads {SCHEMA_PREFIX}{SUPPORTED_MAJOR}", path
+        )
     ranks = doc.get("ranks")
     if not isinstance(ranks, list):
         raise UserError("malformed report: 'ranks' is not a list", path)
@@ -134,8 +142,9 @@ def parse_min_overlap(items: Iterable[str]) -> dict[str, float]:
     return out
 
 
-def parse_regressions(items: Iterable[str], what: str = "--max-exposed-regression",
-                      allow_over_one: bool = True) -> dict[str, float]:
+def parse_regressions(
+    items: Iterable[str], what: str = "--max-exposed-regression", allow_over_one: bool = True
+) -> dict[str, float]:
     """['10%'] -> {'all': 0.1}; ['all_gather=25%'] -> {'all_gather': 0.25}."""
     out: dict[str, float] = {}
     for item in items:
@@ -199,8 +208,7 @@ class Reduced:
         return f"worst rank {self.rank} of {self.ranks}"
 
 
-def reduce_ranks(report: dict, metric: Callable[[dict], float | None], across: str,
-                 higher_is_worse: bool) -> Reduced:
+def reduce_ranks(report: dict, metric: Callable[[dict], float | None], across: str, higher_is_worse: bool) -> Reduced:
     """Reduce `metric` over the report's ranks (ignoring ranks where it is None)."""
     pairs = [(r["rank"], v) for r in report.get("ranks", []) if (v := metric(r)) is not None]
     if not pairs:
@@ -259,15 +267,26 @@ def _inputs_check(report: dict) -> Check:
     errors = report.get("errors") or []
     n = len(report.get("ranks") or [])
     if not n:
-        return Check("inputs", "inputs read", False, "0 ranks", "≥ 1 rank, all readable",
-                     "the report has no ranks: nothing was measured")
+        return Check(
+            "inputs",
+            "inputs read",
+            False,
+            "0 ranks",
+            "≥ 1 rank, all readable",
+            "the report has no ranks: nothing was measured",
+        )
     if errors:
         sources = ", ".join(str(e.get("source", "?")) for e in errors[:3] if isinstance(e, dict))
         more = f" and {len(errors) - 3} more" if len(errors) > 3 else ""
-        return Check("inputs", "inputs read", False, f"{n} ranks, {len(errors)} unreadable",
-                     "≥ 1 rank, all readable", f"could not read {sources}{more}")
-    return Check("inputs", "inputs read", True, f"{n} rank{'s' if n != 1 else ''}",
-                 "≥ 1 rank, all readable")
+        return Check(
+            "inputs",
+            "inputs read",
+            False,
+            f"{n} ranks, {len(errors)} unreadable",
+            "≥ 1 rank, all readable",
+            f"could not read {sources}{more}",
+        )
+    return Check("inputs", "inputs read", True, f"{n} rank{'s' if n != 1 else ''}", "≥ 1 rank, all readable")
 
 
 def _min_overlap_check(report: dict, kind: str, threshold: float, across: str) -> Check:
@@ -275,10 +294,15 @@ def _min_overlap_check(report: dict, kind: str, threshold: float, across: str) -
     name = f"{kind} overlap ({across})"
     limit = f"≥ {fmt_pct(threshold)}"
     if red.value is None:
-        return Check(f"min-overlap.{kind}", name, False, "n/a", limit,
-                     f"no rank has {kind} communication, so its overlap is not measured")
-    return Check(f"min-overlap.{kind}", name, red.value >= threshold, fmt_pct(red.value), limit,
-                 red.where(across))
+        return Check(
+            f"min-overlap.{kind}",
+            name,
+            False,
+            "n/a",
+            limit,
+            f"no rank has {kind} communication, so its overlap is not measured",
+        )
+    return Check(f"min-overlap.{kind}", name, red.value >= threshold, fmt_pct(red.value), limit, red.where(across))
 
 
 def _exposed_share_check(report: dict, threshold: float, across: str) -> Check:
@@ -286,10 +310,8 @@ def _exposed_share_check(report: dict, threshold: float, across: str) -> Check:
     name = f"exposed share of step time ({across})"
     limit = f"≤ {fmt_pct(threshold)}"
     if red.value is None:
-        return Check("max-exposed-share", name, True, "n/a", limit,
-                     "no rank has communication: nothing is exposed")
-    return Check("max-exposed-share", name, red.value <= threshold, fmt_pct(red.value), limit,
-                 red.where(across))
+        return Check("max-exposed-share", name, True, "n/a", limit, "no rank has communication: nothing is exposed")
+    return Check("max-exposed-share", name, red.value <= threshold, fmt_pct(red.value), limit, red.where(across))
 
 
 def _regression_check(report: dict, baseline: dict, kind: str, rel: float, config: GateConfig) -> Check:
@@ -324,8 +346,14 @@ def _overlap_drop_check(report: dict, baseline: dict, kind: str, points: float, 
     limit = f"drop ≤ {points * 100:.1f} pts"
     if cur.value is None or base.value is None:
         missing = "now" if cur.value is None else "in the baseline"
-        return Check(f"overlap-drop.{kind}", name, True, f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)}",
-                     limit, f"no {kind} communication {missing}: nothing to compare")
+        return Check(
+            f"overlap-drop.{kind}",
+            name,
+            True,
+            f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)}",
+            limit,
+            f"no {kind} communication {missing}: nothing to compare",
+        )
     drop = base.value - cur.value
     measured = f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)} ({-drop * 100:+.1f} pts)"
     detail = f"{cur.where(across)}; baseline {base.where(across)}"

@@ -32,15 +32,39 @@ MAX_EXPOSED_RANK = 20_000  # exposed intervals per rank
 STRAGGLER_MARGIN = 0.05  # compute this much above the median (relative and ...
 STRAGGLER_MIN_US = 100.0  # ... absolute) marks a possible straggler
 
-KIND_LABELS = {"all": "all", "reduce_scatter": "reduce-scatter", "all_gather": "all-gather",
-               "all_reduce": "all-reduce", "all_to_all": "all-to-all", "send_recv": "send/recv",
-               "broadcast": "broadcast", "other": "other"}
-KIND_SHORT = {"reduce_scatter": "RS", "all_gather": "AG", "all_reduce": "AR", "all_to_all": "A2A",
-              "send_recv": "P2P", "broadcast": "BC", "other": "other"}
-CLASS_COLORS = {"compute": "#4f7fd9", "comm:reduce_scatter": "#f08c2e", "comm:all_gather": "#8e5bd6",
-                "comm:all_reduce": "#1aa39a", "comm:all_to_all": "#c9a400", "comm:send_recv": "#9a6b45",
-                "comm:broadcast": "#d465b3", "comm:other": "#7b8794", "comm": "#7b8794",
-                "memcpy": "#58b368", "memset": "#a1cf6b", "cpu": "#9aa5b1"}
+KIND_LABELS = {
+    "all": "all",
+    "reduce_scatter": "reduce-scatter",
+    "all_gather": "all-gather",
+    "all_reduce": "all-reduce",
+    "all_to_all": "all-to-all",
+    "send_recv": "send/recv",
+    "broadcast": "broadcast",
+    "other": "other",
+}
+KIND_SHORT = {
+    "reduce_scatter": "RS",
+    "all_gather": "AG",
+    "all_reduce": "AR",
+    "all_to_all": "A2A",
+    "send_recv": "P2P",
+    "broadcast": "BC",
+    "other": "other",
+}
+CLASS_COLORS = {
+    "compute": "#4f7fd9",
+    "comm:reduce_scatter": "#f08c2e",
+    "comm:all_gather": "#8e5bd6",
+    "comm:all_reduce": "#1aa39a",
+    "comm:all_to_all": "#c9a400",
+    "comm:send_recv": "#9a6b45",
+    "comm:broadcast": "#d465b3",
+    "comm:other": "#7b8794",
+    "comm": "#7b8794",
+    "memcpy": "#58b368",
+    "memset": "#a1cf6b",
+    "cpu": "#9aa5b1",
+}
 CLASS_LABELS = {"compute": "compute", "memcpy": "memcpy", "memset": "memset", "cpu": "CPU"}
 EXPOSED_COLOR = "#e03e3e"
 HIDDEN_COLOR = "#3aa675"
@@ -66,16 +90,22 @@ def render_html(report: dict) -> str:
     """The whole page as a string."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
-                             autoescape=True, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(HERE / "templates")),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.policies["json.dumps_kwargs"] = {"separators": (",", ":"), "allow_nan": False}
     env.filters.update(us=fmt_us, pct=fmt_pct, ranges=rank_ranges)
     css = (HERE / "assets" / "report.css").read_text(encoding="utf-8")
     js = (HERE / "assets" / "report.js").read_text(encoding="utf-8")
     view = build_view(report)
     return env.get_template("report.html.j2").render(
-        view=view, css=jinja2.utils.markupsafe.Markup(css), js=jinja2.utils.markupsafe.Markup(js),
+        view=view,
+        css=jinja2.utils.markupsafe.Markup(css),
+        js=jinja2.utils.markupsafe.Markup(js),
         csp=f"default-src 'none'; script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; img-src data:",
     )
 
@@ -103,14 +133,15 @@ def build_view(report: dict) -> dict[str, Any]:
         "errors": [e for e in report.get("errors") or [] if isinstance(e, dict)],
         "notes": [(r.get("rank"), n) for r in ranks for n in r.get("notes") or []],
         "timelines": timelines,
-        "legend": [{"label": _class_label(c), "color": _class_color(c)}
-                   for c in _classes_in(timelines)],
+        "legend": [{"label": _class_label(c), "color": _class_color(c)} for c in _classes_in(timelines)],
         "colors": {"exposed": EXPOSED_COLOR, "hidden": HIDDEN_COLOR},
     }
-    view["config"] = {"classColors": {c: _class_color(c) for c in _classes_in(timelines)},
-                      "classLabels": {c: _class_label(c) for c in _classes_in(timelines)},
-                      "exposedColor": EXPOSED_COLOR,
-                      "initialRank": timelines["initial"]}
+    view["config"] = {
+        "classColors": {c: _class_color(c) for c in _classes_in(timelines)},
+        "classLabels": {c: _class_label(c) for c in _classes_in(timelines)},
+        "exposedColor": EXPOSED_COLOR,
+        "initialRank": timelines["initial"],
+    }
     return view
 
 
@@ -129,17 +160,26 @@ def verdict(report: dict, ranks: list[dict]) -> dict[str, Any]:
         level, headline = "none", "No communication was measured"
     elif share.value is not None:
         level = "good" if share.value < 0.05 else "warn" if share.value < 0.15 else "bad"
-        headline = {"good": "Communication is well hidden behind compute",
-                    "warn": "Some communication is exposed",
-                    "bad": "Exposed communication is costing step time"}[level]
+        headline = {
+            "good": "Communication is well hidden behind compute",
+            "warn": "Some communication is exposed",
+            "bad": "Exposed communication is costing step time",
+        }[level]
     else:
         level = "good" if med.value >= 0.8 else "warn" if med.value >= 0.5 else "bad"
-        headline = {"good": "Communication is well hidden behind compute",
-                    "warn": "Communication is partly hidden", "bad": "Communication is mostly exposed"}[level]
+        headline = {
+            "good": "Communication is well hidden behind compute",
+            "warn": "Communication is partly hidden",
+            "bad": "Communication is mostly exposed",
+        }[level]
     return {
-        "level": level, "headline": headline,
-        "overlap": med.value, "overlap_worst": worst.value, "worst_rank": worst.rank,
-        "exposed_share": share.value, "exposed_share_worst": worst_share.value,
+        "level": level,
+        "headline": headline,
+        "overlap": med.value,
+        "overlap_worst": worst.value,
+        "worst_rank": worst.rank,
+        "exposed_share": share.value,
+        "exposed_share_worst": worst_share.value,
         "exposed_share_worst_rank": worst_share.rank,
         "exposed_median_us": statistics.median(exposed) if exposed else None,
         "top_finding": finding_view(findings[0]) if findings else None,
@@ -152,30 +192,45 @@ def verdict(report: dict, ranks: list[dict]) -> dict[str, Any]:
 
 def rank_rows(ranks: list[dict], timelines: dict) -> list[dict[str, Any]]:
     """One row per rank for the overlap table, worst (lowest overlap) marked."""
-    worst = min((r for r in ranks if rank_overlap(r, "all") is not None),
-                key=lambda r: rank_overlap(r, "all") or 0.0, default=None)
+    worst = min(
+        (r for r in ranks if rank_overlap(r, "all") is not None),
+        key=lambda r: rank_overlap(r, "all") or 0.0,
+        default=None,
+    )
     has_tl = {t["rank"] for t in timelines["ranks"]}
     kinds = kind_columns(ranks)
     rows = []
     for r in ranks:
         allc = _split(r, "all")
-        rows.append({
-            "rank": r.get("rank"), "host": r.get("host"), "lanes": r.get("lanes"),
-            "source": r.get("source"), "steps": len(r.get("steps") or []),
-            "step_time_us": _num(r.get("step_time_us")), "compute_us": _num(r.get("compute_us")),
-            "comm_us": _num(allc.get("time_us")), "exposed_us": _num(allc.get("exposed_us")),
-            "overlap": _num(allc.get("overlap")),
-            "kinds": [_num(_split(r, kind).get("overlap")) for kind, _, _ in kinds],
-            "exposed_share": _num(r.get("exposed_share")), "idle_us": _num(r.get("idle_us")),
-            "worst": worst is r, "timeline": r.get("rank") in has_tl,
-        })
+        rows.append(
+            {
+                "rank": r.get("rank"),
+                "host": r.get("host"),
+                "lanes": r.get("lanes"),
+                "source": r.get("source"),
+                "steps": len(r.get("steps") or []),
+                "step_time_us": _num(r.get("step_time_us")),
+                "compute_us": _num(r.get("compute_us")),
+                "comm_us": _num(allc.get("time_us")),
+                "exposed_us": _num(allc.get("exposed_us")),
+                "overlap": _num(allc.get("overlap")),
+                "kinds": [_num(_split(r, kind).get("overlap")) for kind, _, _ in kinds],
+                "exposed_share": _num(r.get("exposed_share")),
+                "idle_us": _num(r.get("idle_us")),
+                "worst": worst is r,
+                "timeline": r.get("rank") in has_tl,
+            }
+        )
     return rows
 
 
 def kind_columns(ranks: list[dict]) -> list[tuple[str, str, str]]:
     """(kind, short label, tooltip) for each collective kind (not `all`) that some rank has."""
-    return [(k, KIND_SHORT[k], f"{KIND_LABELS[k]} overlap") for k in COLLECTIVE_KINDS[1:]
-            if any(_num(_split(r, k).get("count")) or _num(_split(r, k).get("time_us")) for r in ranks)]
+    return [
+        (k, KIND_SHORT[k], f"{KIND_LABELS[k]} overlap")
+        for k in COLLECTIVE_KINDS[1:]
+        if any(_num(_split(r, k).get("count")) or _num(_split(r, k).get("time_us")) for r in ranks)
+    ]
 
 
 def collective_bars(ranks: list[dict], width: float = 470.0) -> list[dict[str, Any]]:
@@ -190,9 +245,17 @@ def collective_bars(ranks: list[dict], width: float = 470.0) -> list[dict[str, A
             continue
         hidden = sum(_num(s.get("overlapped_us")) or 0.0 for s in splits)
         exposed = sum(_num(s.get("exposed_us")) or 0.0 for s in splits)
-        rows.append({"kind": kind, "label": KIND_LABELS.get(kind, kind), "count": count,
-                     "time_us": time / n, "hidden_us": hidden / n, "exposed_us": exposed / n,
-                     "overlap": hidden / time if time > 0 else None})
+        rows.append(
+            {
+                "kind": kind,
+                "label": KIND_LABELS.get(kind, kind),
+                "count": count,
+                "time_us": time / n,
+                "hidden_us": hidden / n,
+                "exposed_us": exposed / n,
+                "overlap": hidden / time if time > 0 else None,
+            }
+        )
     scale = max((r["hidden_us"] + r["exposed_us"] for r in rows), default=0.0)
     for r in rows:
         r["hidden_w"] = width * r["hidden_us"] / scale if scale > 0 else 0.0
@@ -212,12 +275,23 @@ def crossrank(ranks: list[dict], findings: list, height: float = 150.0) -> dict[
         exposed = min(_num(_split(r, "all").get("exposed_us")) or 0.0, max(total - compute, 0.0))
         other = max(total - compute - exposed, 0.0)
         k = height / scale if scale > 0 else 0.0
-        cols.append({"rank": r.get("rank"), "x": i * bar_w, "w": max(bar_w - 2, 1.0),
-                     "compute_h": compute * k, "exposed_h": exposed * k, "other_h": other * k,
-                     "total_us": total, "compute_us": compute, "exposed_us": exposed,
-                     "label": i % max(1, math.ceil(len(ranks) / 32)) == 0})
-    by_overlap = sorted((r for r in ranks if rank_overlap(r, "all") is not None),
-                        key=lambda r: rank_overlap(r, "all") or 0.0)
+        cols.append(
+            {
+                "rank": r.get("rank"),
+                "x": i * bar_w,
+                "w": max(bar_w - 2, 1.0),
+                "compute_h": compute * k,
+                "exposed_h": exposed * k,
+                "other_h": other * k,
+                "total_us": total,
+                "compute_us": compute,
+                "exposed_us": exposed,
+                "label": i % max(1, math.ceil(len(ranks) / 32)) == 0,
+            }
+        )
+    by_overlap = sorted(
+        (r for r in ranks if rank_overlap(r, "all") is not None), key=lambda r: rank_overlap(r, "all") or 0.0
+    )
     computes = [c for r in ranks if (c := _num(r.get("compute_us"))) is not None]
     median_compute = statistics.median(computes) if computes else None
     stragglers = []
@@ -225,20 +299,35 @@ def crossrank(ranks: list[dict], findings: list, height: float = 150.0) -> dict[
         for r in ranks:
             c = _num(r.get("compute_us"))
             if c is not None and c > median_compute * (1 + STRAGGLER_MARGIN) and c - median_compute >= STRAGGLER_MIN_US:
-                stragglers.append({"rank": r.get("rank"), "host": r.get("host"), "compute_us": c,
-                                   "excess": c / median_compute - 1})
+                stragglers.append(
+                    {"rank": r.get("rank"), "host": r.get("host"), "compute_us": c, "excess": c / median_compute - 1}
+                )
         stragglers.sort(key=lambda s: -s["excess"])
     step_times = [t for t in tops if t > 0]
     return {
-        "columns": cols, "width": max(len(ranks), 1) * bar_w, "height": height, "bar_w": bar_w,
-        "worst": [{"rank": r.get("rank"), "host": r.get("host"), "overlap": rank_overlap(r, "all"),
-                   "exposed_share": _num(r.get("exposed_share")),
-                   "exposed_us": _num(_split(r, "all").get("exposed_us"))} for r in by_overlap[:5]],
-        "stragglers": stragglers[:8], "n_stragglers": len(stragglers),
+        "columns": cols,
+        "width": max(len(ranks), 1) * bar_w,
+        "height": height,
+        "bar_w": bar_w,
+        "worst": [
+            {
+                "rank": r.get("rank"),
+                "host": r.get("host"),
+                "overlap": rank_overlap(r, "all"),
+                "exposed_share": _num(r.get("exposed_share")),
+                "exposed_us": _num(_split(r, "all").get("exposed_us")),
+            }
+            for r in by_overlap[:5]
+        ],
+        "stragglers": stragglers[:8],
+        "n_stragglers": len(stragglers),
         "median_compute_us": median_compute,
         "spread": max(step_times) / min(step_times) - 1 if len(step_times) > 1 else None,
-        "findings": [(i, finding_view(f)) for i, f in enumerate(f for f in findings if isinstance(f, dict))
-                     if "straggl" in str(f.get("rule", "")).lower()],
+        "findings": [
+            (i, finding_view(f))
+            for i, f in enumerate(f for f in findings if isinstance(f, dict))
+            if "straggl" in str(f.get("rule", "")).lower()
+        ],
     }
 
 
@@ -252,8 +341,11 @@ def finding_view(f: dict) -> dict[str, Any]:
     env = fix.get("env") if isinstance(fix.get("env"), dict) else {}
     severity = str(f.get("severity", "info"))
     return {
-        "rule": str(f.get("rule", "")), "severity": severity if severity in ("critical", "warning") else "info",
-        "title": str(f.get("title", "")), "why": str(f.get("why", "")), "cost_us": _num(f.get("cost_us")),
+        "rule": str(f.get("rule", "")),
+        "severity": severity if severity in ("critical", "warning") else "info",
+        "title": str(f.get("title", "")),
+        "why": str(f.get("why", "")),
+        "cost_us": _num(f.get("cost_us")),
         "ranks": [r for r in f.get("ranks") or [] if isinstance(r, int)],
         "steps": [s for s in f.get("steps") or [] if isinstance(s, int)],
         "evidence": evidence_rows(f.get("evidence")),
@@ -305,8 +397,9 @@ def combined_patch(findings: list) -> str | None:
 
 def env_lines(env: dict) -> list[str]:
     """Shell lines: `export NAME=value`, or `unset NAME` for null."""
-    return [f"unset {name}" if value is None else f"export {name}={shlex.quote(str(value))}"
-            for name, value in env.items()]
+    return [
+        f"unset {name}" if value is None else f"export {name}={shlex.quote(str(value))}" for name, value in env.items()
+    ]
 
 
 def rank_ranges(ranks: list[int]) -> str:
@@ -338,12 +431,19 @@ def timelines_view(timelines: dict, ranks: list[dict]) -> dict[str, Any]:
     items.sort(key=lambda kv: kv[0])
     budget = max(MIN_EVENTS_RANK, min(MAX_EVENTS_RANK, MAX_EVENTS_TOTAL // max(len(items), 1)))
     packed = [pack_timeline(rank, tl, budget) for rank, tl in items]
-    worst = min((r for r in ranks if rank_overlap(r, "all") is not None),
-                key=lambda r: rank_overlap(r, "all") or 0.0, default=None)
+    worst = min(
+        (r for r in ranks if rank_overlap(r, "all") is not None),
+        key=lambda r: rank_overlap(r, "all") or 0.0,
+        default=None,
+    )
     have = [p["rank"] for p in packed]
     initial = worst["rank"] if worst is not None and worst.get("rank") in have else (have[0] if have else None)
-    return {"ranks": [{"rank": p["rank"], "step": p["step"], "events": p["n"], "omitted": p["omitted"]}
-                      for p in packed], "data": packed, "initial": initial, "budget": budget}
+    return {
+        "ranks": [{"rank": p["rank"], "step": p["step"], "events": p["n"], "omitted": p["omitted"]} for p in packed],
+        "data": packed,
+        "initial": initial,
+        "budget": budget,
+    }
 
 
 def pack_timeline(rank: int, tl: dict, budget: int) -> dict[str, Any]:
@@ -371,8 +471,18 @@ def pack_timeline(rank: int, tl: dict, budget: int) -> dict[str, Any]:
     class_idx: dict[str, int] = {}
     names: list[str] = []
     name_idx: dict[int, int] = {}
-    lanes = [{"label": str(ln.get("label", ln.get("id"))), "kind": str(ln.get("kind", "")),
-              "s": [], "d": [], "c": [], "n": [], "maxd": 0.0} for ln in lanes_in]
+    lanes = [
+        {
+            "label": str(ln.get("label", ln.get("id"))),
+            "kind": str(ln.get("kind", "")),
+            "s": [],
+            "d": [],
+            "c": [],
+            "n": [],
+            "maxd": 0.0,
+        }
+        for ln in lanes_in
+    ]
     end = 0.0
     for lane, start, dur, cls, name in rows:
         if cls not in class_idx:
@@ -396,9 +506,18 @@ def pack_timeline(rank: int, tl: dict, budget: int) -> dict[str, Any]:
                 exposed.extend((round(s, 3), round(e, 3)))
                 end = max(end, e)
     step = tl.get("step")
-    return {"rank": rank, "step": step if isinstance(step, int) else None, "t0": _num(tl.get("t0")),
-            "lanes": lanes, "classes": classes, "names": names, "exposed": exposed, "end": round(end, 3),
-            "n": len(rows), "omitted": omitted}
+    return {
+        "rank": rank,
+        "step": step if isinstance(step, int) else None,
+        "t0": _num(tl.get("t0")),
+        "lanes": lanes,
+        "classes": classes,
+        "names": names,
+        "exposed": exposed,
+        "end": round(end, 3),
+        "n": len(rows),
+        "omitted": omitted,
+    }
 
 
 def _classes_in(timelines: dict) -> list[str]:
@@ -442,5 +561,6 @@ def _scalars(run: object) -> list[tuple[str, str]]:
     """The run manifest's scalar fields, for a small key/value list."""
     if not isinstance(run, dict):
         return []
-    return [(str(k), str(v)) for k, v in run.items()
-            if isinstance(v, (str, int, float, bool)) and not isinstance(v, dict)][:12]
+    return [
+        (str(k), str(v)) for k, v in run.items() if isinstance(v, (str, int, float, bool)) and not isinstance(v, dict)
+    ][:12]

@@ -16,11 +16,21 @@ def _cell(text: str) -> str:
 def render_markdown(checks: list[Check], report_path: str, baseline_path: str | None = None) -> str:
     """A heading with the verdict, what was compared, and a table with one row per check."""
     failed = [c for c in checks if not c.passed]
-    head = (f"### ❌ overlapcheck gate failed: {len(failed)} of {len(checks)} checks"
-            if failed else f"### ✅ overlapcheck gate passed: {len(checks)} checks")
-    lines = [head, "", f"Report `{_code(report_path)}`"
-             + (f" compared with baseline `{_code(baseline_path)}`" if baseline_path else "") + ".", "",
-             "| | check | measured | limit | detail |", "|---|---|---|---|---|"]
+    head = (
+        f"### ❌ overlapcheck gate failed: {len(failed)} of {len(checks)} checks"
+        if failed
+        else f"### ✅ overlapcheck gate passed: {len(checks)} checks"
+    )
+    lines = [
+        head,
+        "",
+        f"Report `{_code(report_path)}`"
+        + (f" compared with baseline `{_code(baseline_path)}`" if baseline_path else "")
+        + ".",
+        "",
+        "| | check | measured | limit | detail |",
+        "|---|---|---|---|---|",
+    ]
     for c in checks:
         mark = "✅" if c.passed else "❌"
         lines.append(f"| {mark} | {_cell(c.name)} | {_cell(c.measured)} | {_cell(c.limit)} | {_cell(c.detail)} |")

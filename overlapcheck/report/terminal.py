@@ -60,16 +60,25 @@ def _verdict(report: dict[str, Any]) -> Panel:
         med = overall["median"]
         word = "hidden well" if med >= GOOD else "partly hidden" if med >= FAIR else "mostly exposed"
         line = Text.assemble(
-            "Communication is ", (word, "bold"), f": median {pct(med)} overlapped across {n} rank(s)",
+            "Communication is ",
+            (word, "bold"),
+            f": median {pct(med)} overlapped across {n} rank(s)",
             f" (worst rank {overall['worst_rank']}: {pct(overall['min'])})",
-        )  # fmt: skip
+        )
         if share is not None:
             line.append(f"; exposed communication is {pct(share['median'])} of step time (median).")
     return Panel(line, title="overlapcheck", border_style="blue")
 
 
-SHORT = {"reduce_scatter": "RS", "all_gather": "AG", "all_reduce": "AR", "all_to_all": "A2A", "send_recv": "P2P",
-         "broadcast": "bcast", "other": "other"}  # fmt: skip
+SHORT = {
+    "reduce_scatter": "RS",
+    "all_gather": "AG",
+    "all_reduce": "AR",
+    "all_to_all": "A2A",
+    "send_recv": "P2P",
+    "broadcast": "bcast",
+    "other": "other",
+}
 
 
 def present_kinds(ranks: list[dict[str, Any]]) -> list[str]:
@@ -89,10 +98,14 @@ def _collective_table(report: dict[str, Any]) -> Table:
             continue
         counts = sorted(r["collectives"][kind]["count"] for r in ranks)
         table.add_row(
-            kind, str(counts[len(counts) // 2]), _overlap_text(o["median"]), f"{pct(o['min'])} ({o['worst_rank']})",
-            ms(metrics[f"{kind}.exposed_us"]["median"]), ms(metrics[f"{kind}.time_us"]["median"]),
+            kind,
+            str(counts[len(counts) // 2]),
+            _overlap_text(o["median"]),
+            f"{pct(o['min'])} ({o['worst_rank']})",
+            ms(metrics[f"{kind}.exposed_us"]["median"]),
+            ms(metrics[f"{kind}.time_us"]["median"]),
             style="bold" if kind == "all" else None,
-        )  # fmt: skip
+        )
     steps = sorted(len(r["steps"]) for r in ranks)[len(ranks) // 2]
     over = f"the {steps} profiled steps of a rank" if steps else "each rank's trace"
     table.caption = f"kernels, exposed and total: sums over {over}; every column: median over ranks"
@@ -113,9 +126,13 @@ def _rank_table(ranks: list[dict[str, Any]]) -> Table:
     for r in shown:
         c = r["collectives"]
         table.add_row(
-            str(r["rank"]), _overlap_text(c["all"]["overlap"]), *(_overlap_text(c[k]["overlap"]) for k in kinds),
-            ms(c["all"]["exposed_us"]), pct(r["exposed_share"]), ms(r["idle_us"]),
-        )  # fmt: skip
+            str(r["rank"]),
+            _overlap_text(c["all"]["overlap"]),
+            *(_overlap_text(c[k]["overlap"]) for k in kinds),
+            ms(c["all"]["exposed_us"]),
+            pct(r["exposed_share"]),
+            ms(r["idle_us"]),
+        )
     return table
 
 
@@ -128,8 +145,11 @@ def _findings(report: dict[str, Any]) -> Panel:
     parts = []
     for i, f in enumerate(report["findings"], 1):
         style = _SEVERITY_STYLE.get(f.get("severity", "info"), "")
-        head = Text.assemble((f"{i}. [{f.get('severity', 'info')}] ", style), (f.get("title", f["rule"]), "bold"),
-                             f"  ({f['rule']}, {ms(f.get('cost_us'))} ms/step)")  # fmt: skip
+        head = Text.assemble(
+            (f"{i}. [{f.get('severity', 'info')}] ", style),
+            (f.get("title", f["rule"]), "bold"),
+            f"  ({f['rule']}, {ms(f.get('cost_us'))} ms/step)",
+        )
         parts.append(head)
         if f.get("why"):
             parts.append(Text("   " + f["why"]))

@@ -22,8 +22,7 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.trace.json.gz"
 
 
-def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float, measure: bool = True
-                ) -> list[dict[str, Any]]:  # fmt: skip
+def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float, measure: bool = True) -> list[dict[str, Any]]:
     """Each cause with its per-step cost: this job minus the same job without the effect (None when
     `measure` is off, which skips the counterfactual simulations)."""
     out = []
@@ -33,8 +32,15 @@ def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float, measure:
         if measure:
             without = cfg.with_overrides(cause.counterfactual(cfg))
             step_us = round(mean_step_time(simulate(without)), 3)
-        out.append({"rule": rule, "cost_us": None if step_us is None else round(base_step_us - step_us, 3),
-                    "fix": cause.fix(cfg), "ranks": cause.ranks(cfg), "step_time_without_us": step_us})
+        out.append(
+            {
+                "rule": rule,
+                "cost_us": None if step_us is None else round(base_step_us - step_us, 3),
+                "fix": cause.fix(cfg),
+                "ranks": cause.ranks(cfg),
+                "step_time_without_us": step_us,
+            }
+        )
     return sorted(out, key=lambda c: -(c["cost_us"] or 0.0))
 
 
@@ -59,8 +65,11 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
         "schema": TRUTH_SCHEMA,
         "scenario": cfg.scenario,
         "config": config,
-        "time_base": {"baseTimeNanoseconds": BASE_TIME_NS, "ts_origin_us": TS_ORIGIN_US,
-                      "clock_offset_us": list(cfg.clock_offset_us)},
+        "time_base": {
+            "baseTimeNanoseconds": BASE_TIME_NS,
+            "ts_origin_us": TS_ORIGIN_US,
+            "clock_offset_us": list(cfg.clock_offset_us),
+        },
         "step_time_us": round(step_us, 3),
         "causes": cause_costs(cfg, causes, step_us, costs),
         "inherent": cause_costs(cfg, [r for r in INHERENT if r not in causes], step_us, costs),
@@ -74,11 +83,22 @@ def ds_config_document(cfg: SimConfig) -> dict[str, Any]:
     """ds_config.json: the job's DeepSpeed config plus what diagnosis may need about the job."""
     doc = cfg.ds_config()
     m = cfg.model
-    doc["_overlapcheck_model"] = {"parameters": m.parameters, "hidden": m.hidden, "layers": m.layers,
-                                  "vocab": m.vocab, "seq_len": m.seq_len}
-    doc["_overlapcheck_job"] = {"nodes": cfg.nodes, "gpus_per_node": cfg.gpus_per_node, "gpu": cfg.gpu,
-                                "torch": cfg.torch_version, "deepspeed": cfg.deepspeed_version,
-                                "nccl": cfg.nccl_version, "env": cfg.env()}
+    doc["_overlapcheck_model"] = {
+        "parameters": m.parameters,
+        "hidden": m.hidden,
+        "layers": m.layers,
+        "vocab": m.vocab,
+        "seq_len": m.seq_len,
+    }
+    doc["_overlapcheck_job"] = {
+        "nodes": cfg.nodes,
+        "gpus_per_node": cfg.gpus_per_node,
+        "gpu": cfg.gpu,
+        "torch": cfg.torch_version,
+        "deepspeed": cfg.deepspeed_version,
+        "nccl": cfg.nccl_version,
+        "env": cfg.env(),
+    }
     return doc
 
 

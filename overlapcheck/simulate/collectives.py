@@ -29,8 +29,13 @@ class ProcessGroup:
     stream: int  # the PG's internal NCCL stream on every rank
 
     def config_entry(self) -> dict[str, Any]:
-        return {"pg_name": self.name, "pg_desc": self.desc, "backend_config": "cuda:nccl",
-                "pg_size": len(self.ranks), "ranks": list(self.ranks)}
+        return {
+            "pg_name": self.name,
+            "pg_desc": self.desc,
+            "backend_config": "cuda:nccl",
+            "pg_size": len(self.ranks),
+            "ranks": list(self.ranks),
+        }
 
 
 class Fabric:
@@ -48,27 +53,34 @@ class Fabric:
             us = collective_us(self.gpu, kind, total_bytes, len(pg.ranks), nodes, self.cfg.comm_slowdown)
             if kind in self.cfg.free_collectives:
                 us = 0.0
-            self.calls[key] = Collective(pg.name, seq, kind, len(pg.ranks),
-                                         us * jitter(self.cfg.seed, "coll", pg.name, seq, spread=0.04))
+            self.calls[key] = Collective(
+                pg.name, seq, kind, len(pg.ranks), us * jitter(self.cfg.seed, "coll", pg.name, seq, spread=0.04)
+            )
         coll = self.calls[key]
         if coll.kind != kind:
             raise RuntimeError(f"ranks disagree on collective {key}: {coll.kind} vs {kind}")
         return coll
 
 
-def comm_args(cfg: SimConfig, pg: ProcessGroup, kind: str, in_n: int, out_n: int, dtype: str,
-              rank: int, seq: int) -> dict[str, Any]:
+def comm_args(
+    cfg: SimConfig, pg: ProcessGroup, kind: str, in_n: int, out_n: int, dtype: str, rank: int, seq: int
+) -> dict[str, Any]:
     """record_param_comms args; key names follow the kineto version of this torch (knowledge doc §4)."""
     nelems = "nelems" if cfg.torch_at_least("2.3") else "size"
-    args: dict[str, Any] = {"Collective name": C10D[kind][1], "dtype": DTYPE_NAME[dtype],
-                            f"In msg {nelems}": in_n, f"Out msg {nelems}": out_n, "In split size": "[]",
-                            "Out split size": "[]", "Group size": len(pg.ranks)}
+    args: dict[str, Any] = {
+        "Collective name": C10D[kind][1],
+        "dtype": DTYPE_NAME[dtype],
+        f"In msg {nelems}": in_n,
+        f"Out msg {nelems}": out_n,
+        "In split size": "[]",
+        "Out split size": "[]",
+        "Group size": len(pg.ranks),
+    }
     if cfg.torch_at_least("2.4"):
         args.update({"Process Group Name": pg.name, "Process Group Description": pg.desc})
     else:
         args["Process Group ID"] = pg.name
-    args.update({"Process Group Ranks": str(list(pg.ranks)), "Global rank start": pg.ranks[0],
-                 "Global rank stride": 1})
+    args.update({"Process Group Ranks": str(list(pg.ranks)), "Global rank start": pg.ranks[0], "Global rank stride": 1})
     if cfg.torch_at_least("2.6"):
         args.update({"Rank": rank, "Seq": seq, "Is asynchronized op": kind == "all_gather"})
     return args
@@ -76,14 +88,35 @@ def comm_args(cfg: SimConfig, pg: ProcessGroup, kind: str, in_n: int, out_n: int
 
 def kernel_comm_args(args: dict[str, Any]) -> dict[str, Any]:
     """The collective args kineto copies onto the NCCL kernel (torch >= 2.2, kineto #821)."""
-    keep = ("Collective name", "In msg nelems", "Out msg nelems", "In msg size", "Out msg size", "Group size",
-            "dtype", "In split size", "Out split size", "Process Group Name", "Process Group Description",
-            "Process Group ID", "Process Group Ranks")
+    keep = (
+        "Collective name",
+        "In msg nelems",
+        "Out msg nelems",
+        "In msg size",
+        "Out msg size",
+        "Group size",
+        "dtype",
+        "In split size",
+        "Out split size",
+        "Process Group Name",
+        "Process Group Description",
+        "Process Group ID",
+        "Process Group Ranks",
+    )
     return {k: args[k] for k in keep if k in args}
 
 
-def launch_collective(host: Host, fabric: Fabric, pg: ProcessGroup, seq: int, kind: str, numel: int,
-                      dtype: str, current_stream: int, async_op: bool) -> GpuOp:
+def launch_collective(
+    host: Host,
+    fabric: Fabric,
+    pg: ProcessGroup,
+    seq: int,
+    kind: str,
+    numel: int,
+    dtype: str,
+    current_stream: int,
+    async_op: bool,
+) -> GpuOp:
     """c10d op -> record_param_comms -> (stream switch) -> nccl:* annotation -> NCCL kernel (-> wait).
 
     Synchronous collectives (async_op=False) run on the caller's stream from torch 2.8 on (pytorch
@@ -93,8 +126,11 @@ def launch_collective(host: Host, fabric: Fabric, pg: ProcessGroup, seq: int, ki
     cfg = fabric.cfg
     n = len(pg.ranks)
     total = numel if kind == "all_reduce" else (numel * n if kind == "all_gather" else numel)
-    in_n, out_n = {"all_gather": (numel, numel * n), "reduce_scatter": (numel, numel // n),
-                   "all_reduce": (numel, numel)}[kind]
+    in_n, out_n = {
+        "all_gather": (numel, numel * n),
+        "reduce_scatter": (numel, numel // n),
+        "all_reduce": (numel, numel),
+    }[kind]
     coll = fabric.collective(pg, seq, kind, total * DTYPE_BYTES[dtype])
     on_caller = not async_op and cfg.torch_at_least("2.8")
     stream = current_stream if on_caller else pg.stream
@@ -109,8 +145,17 @@ def launch_collective(host: Host, fabric: Fabric, pg: ProcessGroup, seq: int, ki
         with host.annotation(title):
             # NCCL 2.17.1 launches with cudaLaunchKernelExC (nccl_data trace); older builds are assumed not to
             runtime = "cudaLaunchKernelExC" if cfg.nccl_at_least("2.17") else "cudaLaunchKernel"
-            op = host.launch(nccl_kernel_name(cfg, kind, dtype), stream, coll.transfer_us, cls="comm",
-                             args=kargs, coll=coll, collective=kind, communicator=pg.name, runtime=runtime)
+            op = host.launch(
+                nccl_kernel_name(cfg, kind, dtype),
+                stream,
+                coll.transfer_us,
+                cls="comm",
+                args=kargs,
+                coll=coll,
+                collective=kind,
+                communicator=pg.name,
+                runtime=runtime,
+            )
         host.spend(4.0, "post-launch")
     if not async_op and stream != current_stream:
         host.wait_stream(current_stream, stream)  # work.wait(): the caller's stream waits for the kernel

@@ -34,8 +34,12 @@ class ModelSpec:
     def block_tensors(self) -> list[tuple[str, int]]:
         """The large parameter tensors of one block (name, numel); small ones are persistent."""
         h = self.hidden
-        return [("attn.qkv.weight", 3 * h * h), ("attn.proj.weight", h * h),
-                ("mlp.fc1.weight", 4 * h * h), ("mlp.fc2.weight", 4 * h * h)]
+        return [
+            ("attn.qkv.weight", 3 * h * h),
+            ("attn.proj.weight", h * h),
+            ("mlp.fc1.weight", 4 * h * h),
+            ("mlp.fc2.weight", 4 * h * h),
+        ]
 
     @property
     def block_params(self) -> int:

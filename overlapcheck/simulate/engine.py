@@ -173,4 +173,3 @@ def run(programs: dict[int, Program], devices: dict[int, Device]) -> None:
             pass
         if dev.unresolved:
             raise RuntimeError(f"rank {dev.rank}: {len(dev.unresolved)} GPU ops never ran")
-

@@ -15,12 +15,22 @@ from __future__ import annotations
 from overlapcheck.simulate.config import SimConfig
 
 _NEW = {
-    "fetch": 307, "fetch_impl": 353, "add_grad": 1619, "reduce_ipg": 1646, "epilogue": 1406,
-    "partition_grads": 2005, "log_wrapper": 111,
+    "fetch": 307,
+    "fetch_impl": 353,
+    "add_grad": 1619,
+    "reduce_ipg": 1646,
+    "epilogue": 1406,
+    "partition_grads": 2005,
+    "log_wrapper": 111,
 }
 _OLD = {
-    "fetch": 261, "fetch_impl": 261, "add_grad": 1230, "reduce_ipg": 1249, "epilogue": 1082,
-    "partition_grads": 1418, "log_wrapper": 121,
+    "fetch": 261,
+    "fetch_impl": 261,
+    "add_grad": 1230,
+    "reduce_ipg": 1249,
+    "epilogue": 1082,
+    "partition_grads": 1418,
+    "log_wrapper": 121,
 }
 
 NVTX = "deepspeed/utils/nvtx.py(30): wrapped_fn"
@@ -47,17 +57,24 @@ class Frames:
         return (f"{Z}parameter_offload.py(455): _run_before_backward_function",)
 
     def fetch(self) -> tuple[str, ...]:
-        return (NVTX, f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module",
-                f"{Z}partitioned_param_coordinator.py({self.line['fetch_impl']}): _fetch_sub_module_impl")
+        return (
+            NVTX,
+            f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module",
+            f"{Z}partitioned_param_coordinator.py({self.line['fetch_impl']}): _fetch_sub_module_impl",
+        )
 
     def all_gather(self) -> tuple[str, ...]:
-        return (f"{Z}partitioned_param_coordinator.py(568): __all_gather_params",
-                f"{Z}partition_parameters.py(1539): all_gather_coalesced",
-                "deepspeed/comm/comm.py(352): allgather_fn")
+        return (
+            f"{Z}partitioned_param_coordinator.py(568): __all_gather_params",
+            f"{Z}partition_parameters.py(1539): all_gather_coalesced",
+            "deepspeed/comm/comm.py(352): allgather_fn",
+        )
 
     def all_gather_tail(self) -> tuple[str, ...]:
-        return ("deepspeed/comm/comm.py(333): all_gather_into_tensor",
-                "torch/distributed/distributed_c10d.py(4398): all_gather_into_tensor")
+        return (
+            "deepspeed/comm/comm.py(333): all_gather_into_tensor",
+            "torch/distributed/distributed_c10d.py(4398): all_gather_into_tensor",
+        )
 
     def handle_wait(self) -> tuple[str, ...]:
         return (f"{Z}partition_parameters.py(818): wait", f"{Z}partition_parameters.py(760): wait")
@@ -66,8 +83,10 @@ class Frames:
         return f"deepspeed/comm/comm.py({self.line['log_wrapper']}): log_wrapper"
 
     def grad_hook(self) -> tuple[str, ...]:
-        return (f"{Z}stage3.py(1508): reduce_partition_and_remove_grads",
-                f"{Z}stage3.py(1569): reduce_independent_p_g_buckets_and_remove_grads")
+        return (
+            f"{Z}stage3.py(1508): reduce_partition_and_remove_grads",
+            f"{Z}stage3.py(1569): reduce_independent_p_g_buckets_and_remove_grads",
+        )
 
     def add_grad(self) -> tuple[str, ...]:
         return (f"{Z}stage3.py({self.line['add_grad']}): __add_grad_to_ipg_bucket",)
@@ -76,13 +95,17 @@ class Frames:
         return (NVTX, CTX, f"{Z}stage3.py({self.line['reduce_ipg']}): __reduce_and_partition_ipg_grads")
 
     def reduce_scatter(self) -> tuple[str, ...]:
-        return (f"{Z}stage3.py(1911): __avg_scatter_grads",
-                "deepspeed/runtime/comm/coalesced_collectives.py(79): reduce_scatter_coalesced",
-                "deepspeed/comm/comm.py(283): reduce_scatter_fn")
+        return (
+            f"{Z}stage3.py(1911): __avg_scatter_grads",
+            "deepspeed/runtime/comm/coalesced_collectives.py(79): reduce_scatter_coalesced",
+            "deepspeed/comm/comm.py(283): reduce_scatter_fn",
+        )
 
     def reduce_scatter_tail(self) -> tuple[str, ...]:
-        return ("deepspeed/comm/comm.py(316): reduce_scatter_tensor",
-                "torch/distributed/distributed_c10d.py(4947): reduce_scatter_tensor")
+        return (
+            "deepspeed/comm/comm.py(316): reduce_scatter_tensor",
+            "torch/distributed/distributed_c10d.py(4947): reduce_scatter_tensor",
+        )
 
     def partition_grads(self) -> tuple[str, ...]:
         return (f"{Z}stage3.py({self.line['partition_grads']}): partition_grads",)
@@ -91,18 +114,26 @@ class Frames:
         return ("deepspeed/runtime/engine.py(3381): backward",)
 
     def loss_backward(self) -> tuple[str, ...]:
-        return ("torch/_tensor.py(566): backward", "torch/autograd/__init__.py(255): backward",
-                "torch/autograd/graph.py(966): _engine_run_backward")
+        return (
+            "torch/_tensor.py(566): backward",
+            "torch/autograd/__init__.py(255): backward",
+            "torch/autograd/graph.py(966): _engine_run_backward",
+        )
 
     def epilogue(self) -> tuple[str, ...]:
-        return ("deepspeed/runtime/engine.py(3153): _backward_epilogue",
-                "deepspeed/runtime/engine.py(3072): allreduce_gradients",
-                f"{Z}stage3.py(1484): overlapping_partition_gradients_reduce_epilogue",
-                f"{Z}stage3.py({self.line['epilogue']}): independent_gradient_partition_epilogue")
+        return (
+            "deepspeed/runtime/engine.py(3153): _backward_epilogue",
+            "deepspeed/runtime/engine.py(3072): allreduce_gradients",
+            f"{Z}stage3.py(1484): overlapping_partition_gradients_reduce_epilogue",
+            f"{Z}stage3.py({self.line['epilogue']}): independent_gradient_partition_epilogue",
+        )
 
     def step(self) -> tuple[str, ...]:
-        return ("deepspeed/runtime/engine.py(3567): step", "deepspeed/runtime/engine.py(3505): _take_model_step",
-                f"{Z}stage3.py(2872): step")
+        return (
+            "deepspeed/runtime/engine.py(3567): step",
+            "deepspeed/runtime/engine.py(3505): _take_model_step",
+            f"{Z}stage3.py(2872): step",
+        )
 
     def grad_norm(self) -> tuple[str, ...]:
         return (f"{Z}stage3.py(2572): _get_norm_groups", f"{Z}stage3.py(2418): get_grad_norm_direct")
@@ -115,5 +146,7 @@ class Frames:
         return (f"deepspeed/utils/timer.py({line}): {which}", *self.accelerator_sync())
 
     def accelerator_sync(self) -> tuple[str, ...]:
-        return ("deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
-                "torch/cuda/__init__.py(1209): synchronize")
+        return (
+            "deepspeed/accelerator/cuda_accelerator.py(88): synchronize",
+            "torch/cuda/__init__.py(1209): synchronize",
+        )

@@ -23,10 +23,8 @@ class Gpu:
 
 
 GPUS = {
-    "A100": Gpu("A100", "NVIDIA A100-SXM4-80GB", 312.0, 1900.0, 230.0, 23.0, 85_196_873_728, 108, 8,
-                166_912, 167_936),
-    "H100": Gpu("H100", "NVIDIA H100 80GB HBM3", 989.0, 3350.0, 360.0, 46.0, 85_018_279_936, 132, 9,
-                232_448, 233_472),
+    "A100": Gpu("A100", "NVIDIA A100-SXM4-80GB", 312.0, 1900.0, 230.0, 23.0, 85_196_873_728, 108, 8, 166_912, 167_936),
+    "H100": Gpu("H100", "NVIDIA H100 80GB HBM3", 989.0, 3350.0, 360.0, 46.0, 85_018_279_936, 132, 9, 232_448, 233_472),
 }
 
 GEMM_EFFICIENCY = 0.55  # achieved fraction of peak for large bf16 GEMMs
@@ -64,8 +62,7 @@ def host_copy_us(nbytes: float, pinned: bool) -> float:
 BUS_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
 
 
-def collective_us(gpu: Gpu, kind: str, total_bytes: float, ranks: int, nodes: int,
-                  slowdown: float = 1.0) -> float:
+def collective_us(gpu: Gpu, kind: str, total_bytes: float, ranks: int, nodes: int, slowdown: float = 1.0) -> float:
     """Transfer time of a ring collective whose full (gathered / unreduced) buffer is `total_bytes`.
 
     busbw = algbw * (n-1)/n for all-gather and reduce-scatter, * 2(n-1)/n for all-reduce (nccl-tests

@@ -11,15 +11,36 @@ from typing import Any
 from overlapcheck.simulate.engine import LAUNCH_LATENCY_US, Collective, Device, Event, GpuOp
 from overlapcheck.simulate.hardware import jitter
 
-CBID = {"cudaLaunchKernel": 211, "cudaMemcpyAsync": 41, "cudaMemsetAsync": 51, "cudaEventRecord": 135,
-        "cudaStreamWaitEvent": 147, "cudaEventSynchronize": 137, "cudaStreamSynchronize": 131,
-        "cudaDeviceSynchronize": 165, "cudaEventQuery": 138, "cudaLaunchKernelExC": 430}
-RUNTIME_US = {"cudaLaunchKernel": 5.0, "cudaLaunchKernelExC": 9.0, "cudaMemcpyAsync": 7.0,
-              "cudaMemsetAsync": 6.0, "cudaEventRecord": 1.5, "cudaStreamWaitEvent": 1.5,
-              "cudaEventQuery": 1.2, "cudaEventSynchronize": 2.0, "cudaStreamSynchronize": 2.5,
-              "cudaDeviceSynchronize": 3.0}
-SYNC_KIND = {"cudaEventSynchronize": "Event Sync", "cudaStreamSynchronize": "Stream Sync",
-             "cudaDeviceSynchronize": "Context Sync", "cudaStreamWaitEvent": "Stream Wait Event"}
+CBID = {
+    "cudaLaunchKernel": 211,
+    "cudaMemcpyAsync": 41,
+    "cudaMemsetAsync": 51,
+    "cudaEventRecord": 135,
+    "cudaStreamWaitEvent": 147,
+    "cudaEventSynchronize": 137,
+    "cudaStreamSynchronize": 131,
+    "cudaDeviceSynchronize": 165,
+    "cudaEventQuery": 138,
+    "cudaLaunchKernelExC": 430,
+}
+RUNTIME_US = {
+    "cudaLaunchKernel": 5.0,
+    "cudaLaunchKernelExC": 9.0,
+    "cudaMemcpyAsync": 7.0,
+    "cudaMemsetAsync": 6.0,
+    "cudaEventRecord": 1.5,
+    "cudaStreamWaitEvent": 1.5,
+    "cudaEventQuery": 1.2,
+    "cudaEventSynchronize": 2.0,
+    "cudaStreamSynchronize": 2.5,
+    "cudaDeviceSynchronize": 3.0,
+}
+SYNC_KIND = {
+    "cudaEventSynchronize": "Event Sync",
+    "cudaStreamSynchronize": "Stream Sync",
+    "cudaDeviceSynchronize": "Context Sync",
+    "cudaStreamWaitEvent": "Stream Wait Event",
+}
 
 
 @dataclass(eq=False)
@@ -82,11 +103,13 @@ class Host:
 
     # -- scopes -----------------------------------------------------------------------------
     @contextmanager
-    def cpu_op(self, name: str, args: dict[str, Any] | None = None, cat: str = "cpu_op",
-               cost: float = 3.0) -> Iterator[CpuEvent]:
+    def cpu_op(
+        self, name: str, args: dict[str, Any] | None = None, cat: str = "cpu_op", cost: float = 3.0
+    ) -> Iterator[CpuEvent]:
         self._ext += 1
-        ev = CpuEvent(cat, name, self.tid, self.t, 0.0,
-                      {"External id": self._ext, "Record function id": 0, **(args or {})})
+        ev = CpuEvent(
+            cat, name, self.tid, self.t, 0.0, {"External id": self._ext, "Record function id": 0, **(args or {})}
+        )
         self.cpu.append(ev)
         self._ext_stack.append(self._ext)
         self.spend(cost, name)
@@ -109,8 +132,9 @@ class Host:
         for name in names:
             self._pyid += 1
             parent = stack[-1] if stack else None
-            ev = CpuEvent("python_function", name, self.tid, self.t, 0.0,
-                          {"Python parent id": parent, "Python id": self._pyid})
+            ev = CpuEvent(
+                "python_function", name, self.tid, self.t, 0.0, {"Python parent id": parent, "Python id": self._pyid}
+            )
             self.cpu.append(ev)
             stack.append(self._pyid)
             opened.append(ev)
@@ -135,17 +159,41 @@ class Host:
         ev.dur = self.t - ev.ts
         return ev
 
-    def launch(self, name: str, stream: int, dur: float, cls: str = "compute", kind: str = "kernel",
-               args: dict[str, Any] | None = None, coll: Collective | None = None,
-               collective: str | None = None, communicator: str | None = None,
-               runtime: str | None = None) -> GpuOp:
+    def launch(
+        self,
+        name: str,
+        stream: int,
+        dur: float,
+        cls: str = "compute",
+        kind: str = "kernel",
+        args: dict[str, Any] | None = None,
+        coll: Collective | None = None,
+        collective: str | None = None,
+        communicator: str | None = None,
+        runtime: str | None = None,
+    ) -> GpuOp:
         """Launch a kernel / memcpy / memset on `stream`; returns the op (times resolved later)."""
-        rt_name = runtime or {"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync",
-                              "memset": "cudaMemsetAsync"}[kind]
+        rt_name = (
+            runtime or {"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}[kind]
+        )
         rt = self._runtime(rt_name, "s")
-        op = GpuOp(self.rank, kind, cls, name, stream, dur, rt.ts + rt.dur + LAUNCH_LATENCY_US, [],
-                   rt.args["correlation"], rt.args.get("External id", 0), rt.ts, rt.tid, dict(args or {}),
-                   coll, collective)
+        op = GpuOp(
+            self.rank,
+            kind,
+            cls,
+            name,
+            stream,
+            dur,
+            rt.ts + rt.dur + LAUNCH_LATENCY_US,
+            [],
+            rt.args["correlation"],
+            rt.args.get("External id", 0),
+            rt.ts,
+            rt.tid,
+            dict(args or {}),
+            coll,
+            collective,
+        )
         if coll is not None:
             coll.ops[self.rank] = op
         self.device.enqueue(op, communicator)
@@ -161,10 +209,16 @@ class Host:
         """cudaStreamWaitEvent: later work on `stream` starts after the event's op ends."""
         rt = self._runtime("cudaStreamWaitEvent", "s")
         self.device.wait(stream, event)
-        self._sync_record(rt, "Stream Wait Event", stream,
-                          {"wait_on_stream": event.stream,
-                           "wait_on_cuda_event_record_corr_id": event.record_corr,
-                           "wait_on_cuda_event_id": event.event_id})
+        self._sync_record(
+            rt,
+            "Stream Wait Event",
+            stream,
+            {
+                "wait_on_stream": event.stream,
+                "wait_on_cuda_event_record_corr_id": event.record_corr,
+                "wait_on_cuda_event_id": event.event_id,
+            },
+        )
 
     def wait_stream(self, waiter: int, waitee: int) -> None:
         """torch `waiter.wait_stream(waitee)`: an event recorded on waitee, waited on by waiter."""
@@ -173,8 +227,17 @@ class Host:
 
     def _sync_record(self, rt: CpuEvent, kind: str, stream: int, extra: dict[str, Any]) -> None:
         args = {"cuda_sync_kind": kind, **extra, "stream": stream}
-        self.syncs.append(SyncEvent(kind, stream, rt.ts + 0.5, max(rt.dur - 1.0, 0.5),
-                                    rt.args["correlation"], rt.args.get("External id", 0), args))
+        self.syncs.append(
+            SyncEvent(
+                kind,
+                stream,
+                rt.ts + 0.5,
+                max(rt.dur - 1.0, 0.5),
+                rt.args["correlation"],
+                rt.args.get("External id", 0),
+                args,
+            )
+        )
 
     # -- blocking calls (generators: `yield from host.synchronize_...`) ---------------------
     def _block(self, name: str, ops: list[GpuOp]) -> Generator[GpuOp, None, CpuEvent]:
@@ -194,9 +257,16 @@ class Host:
 
     def synchronize_event(self, event: Event) -> Generator[GpuOp, None, None]:
         rt = yield from self._block("cudaEventSynchronize", event.ops)
-        self._sync_record(rt, "Event Sync", -1, {"wait_on_stream": event.stream,
-                                                 "wait_on_cuda_event_record_corr_id": event.record_corr,
-                                                 "wait_on_cuda_event_id": event.event_id})
+        self._sync_record(
+            rt,
+            "Event Sync",
+            -1,
+            {
+                "wait_on_stream": event.stream,
+                "wait_on_cuda_event_record_corr_id": event.record_corr,
+                "wait_on_cuda_event_id": event.event_id,
+            },
+        )
 
     def synchronize_stream(self, stream: int) -> Generator[GpuOp, None, None]:
         rt = yield from self._block("cudaStreamSynchronize", self.device.work_on(stream))

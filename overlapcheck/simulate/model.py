@@ -70,8 +70,9 @@ class RankStep:
         self.reduce_stream = REDUCE_STREAM if cfg.overlap_comm else COMPUTE
         self.slow = cfg.straggler_factor if cfg.straggler_rank == host.rank else 1.0
         self.seq: dict[str, int] = {}
-        self.modules = [[("embed.weight", self.m.embed_params)]] + \
-            [[(f"layers.{i}.{n}", k) for n, k in self.m.block_tensors()] for i in range(self.m.layers)]
+        self.modules = [[("embed.weight", self.m.embed_params)]] + [
+            [(f"layers.{i}.{n}", k) for n, k in self.m.block_tensors()] for i in range(self.m.layers)
+        ]
         self.inflight: dict[int, GpuOp] = {}
         self.available: set[int] = set()
         self.fetch_events: deque[Event] = deque()
@@ -88,8 +89,15 @@ class RankStep:
         self.seq[pg.name] = self.seq.get(pg.name, 0) + 1
         return self.seq[pg.name]
 
-    def kernel(self, op_name: str, name: str, us: float, family: str = "elementwise",
-               stream: int = COMPUTE, compute_bound: bool = True) -> GpuOp:
+    def kernel(
+        self,
+        op_name: str,
+        name: str,
+        us: float,
+        family: str = "elementwise",
+        stream: int = COMPUTE,
+        compute_bound: bool = True,
+    ) -> GpuOp:
         """An aten op launching one compute kernel (slowed on a straggler's GPU)."""
         scale = self.slow if compute_bound else 1.0
         dur = us * scale * jitter(self.cfg.seed, self.host.rank, self.step_no, op_name, us)
@@ -104,16 +112,32 @@ class RankStep:
 
     def memcpy(self, name: str, nbytes: int, stream: int, us: float) -> GpuOp:
         with self.host.cpu_op("aten::copy_", cost=6.0):
-            return self.host.launch(name, stream, us, kind="memcpy", cls="memcpy",
-                                    args={"bytes": nbytes, "memory bandwidth (GB/s)": nbytes / (us * 1e3)})
+            return self.host.launch(
+                name,
+                stream,
+                us,
+                kind="memcpy",
+                cls="memcpy",
+                args={"bytes": nbytes, "memory bandwidth (GB/s)": nbytes / (us * 1e3)},
+            )
 
-    def collective(self, kind: str, pg: ProcessGroup, numel: int, dtype: str, stream: int, async_op: bool,
-                   frames: tuple[str, ...], tail: tuple[str, ...]) -> Generator[GpuOp, None, GpuOp]:
+    def collective(
+        self,
+        kind: str,
+        pg: ProcessGroup,
+        numel: int,
+        dtype: str,
+        stream: int,
+        async_op: bool,
+        frames: tuple[str, ...],
+        tail: tuple[str, ...],
+    ) -> Generator[GpuOp, None, GpuOp]:
         """A DeepSpeed comm call: its python frames, the c10d launch, and the comms-logger sync."""
         with self.host.frames(*frames, self.fr.log_wrapper()):
             with self.host.frames(*tail):
-                op = launch_collective(self.host, self.fabric, pg, self._next_seq(pg), kind, numel, dtype,
-                                       stream, async_op)
+                op = launch_collective(
+                    self.host, self.fabric, pg, self._next_seq(pg), kind, numel, dtype, stream, async_op
+                )
             if self.cfg.comms_logger:
                 with self.host.frames(*self.fr.accelerator_sync()):
                     yield from self.host.synchronize_device()
@@ -124,8 +148,9 @@ class RankStep:
         numel = self._numel(module) // self.cfg.world_size
         with self.host.frames(*self.fr.all_gather()):
             self.host.spend(60.0 + 15.0 * len(self.modules[module]), "allgather-prep")
-            op = yield from self.collective("all_gather", self.ag_pg, numel, "bf16", self.ag_stream, True,
-                                            (), self.fr.all_gather_tail())
+            op = yield from self.collective(
+                "all_gather", self.ag_pg, numel, "bf16", self.ag_stream, True, (), self.fr.all_gather_tail()
+            )
         self.inflight[module] = op
 
     def fetch(self, module: int, order: list[int]) -> Step:
@@ -153,7 +178,7 @@ class RankStep:
             host.wait_stream(COMPUTE, self.ag_stream)
             if not self.cfg.trace_invalidated:
                 budget = 0
-                for nxt in order[order.index(module) + 1:]:
+                for nxt in order[order.index(module) + 1 :]:
                     if budget >= self.cfg.prefetch_bucket_size:
                         break
                     if nxt not in self.available and nxt not in self.inflight:
@@ -164,16 +189,19 @@ class RankStep:
     def grad_ready(self, name: str, numel: int) -> Step:
         """The AccumulateGrad hook of one parameter."""
         host = self.host
-        with host.cpu_op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", cost=4.0), \
-                host.frames(*self.fr.grad_hook()):
+        with (
+            host.cpu_op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", cost=4.0),
+            host.frames(*self.fr.grad_hook()),
+        ):
             host.spend(50.0, "grad-hook")
             if self.bucket and sum(n for _, n in self.bucket) + numel > self.cfg.reduce_bucket_size:
                 yield from self.flush()
             with host.frames(*self.fr.add_grad()):
                 host.wait_stream(self.reduce_stream, COMPUTE)
                 nbytes = numel * 2
-                self.memcpy("Memcpy DtoD (Device -> Device)", nbytes, self.reduce_stream,
-                            memory_us(self.gpu, 2 * nbytes))
+                self.memcpy(
+                    "Memcpy DtoD (Device -> Device)", nbytes, self.reduce_stream, memory_us(self.gpu, 2 * nbytes)
+                )
             self.bucket.append((name, numel))
 
     def flush(self) -> Step:
@@ -200,8 +228,16 @@ class RankStep:
                 size = DTYPE_BYTES[dtype]
                 self.elementwise("aten::cat", "cat", elements * size * 2, self.reduce_stream)
                 self.elementwise("aten::div_", "div", elements * size * 2, self.reduce_stream)
-                yield from self.collective("reduce_scatter", self.rs_pg, elements, dtype, self.reduce_stream,
-                                           False, (), self.fr.reduce_scatter_tail())
+                yield from self.collective(
+                    "reduce_scatter",
+                    self.rs_pg,
+                    elements,
+                    dtype,
+                    self.reduce_stream,
+                    False,
+                    (),
+                    self.fr.reduce_scatter_tail(),
+                )
             with host.frames(*self.fr.partition_grads()):
                 part = elements // world
                 if cfg.offload_optimizer:
@@ -238,8 +274,9 @@ class RankStep:
         t, h = m.tokens, m.hidden
         self.elementwise("aten::native_layer_norm", "layer_norm", t * h * 6)
         self.gemm(t, 3 * h, h)
-        self.kernel("aten::_flash_attention_forward", flash_name(False),
-                    attention_us(self.gpu, t, m.seq_len, h), "flash")
+        self.kernel(
+            "aten::_flash_attention_forward", flash_name(False), attention_us(self.gpu, t, m.seq_len, h), "flash"
+        )
         self.gemm(t, h, h)
         self.elementwise("aten::add", "add", t * h * 6)
         self.elementwise("aten::native_layer_norm", "layer_norm", t * h * 6)
@@ -251,8 +288,11 @@ class RankStep:
     def autograd(self, function: str):
         """The autograd engine running one backward function (its kernels launch inside)."""
         self.autograd_seq += 1
-        return self.host.cpu_op(f"autograd::engine::evaluate_function: {function}",
-                                {"Sequence number": self.autograd_seq, "Fwd thread id": 1}, cost=3.0)
+        return self.host.cpu_op(
+            f"autograd::engine::evaluate_function: {function}",
+            {"Sequence number": self.autograd_seq, "Fwd thread id": 1},
+            cost=3.0,
+        )
 
     def backward_module(self, mod: int, order: list[int]) -> Step:
         host, m = self.host, self.m
@@ -270,10 +310,12 @@ class RankStep:
         linear = "LinearFunctionForZeroStage3Backward"
         with self.autograd("AddBackward0"):
             self.elementwise("aten::add", "add", t * h * 6)
-        for param, (rows, cols), before in (("mlp.fc2.weight", (h, 4 * h), None),
-                                            ("mlp.fc1.weight", (4 * h, h), ("GeluBackward0", "gelu")),
-                                            ("attn.proj.weight", (h, h), ("NativeLayerNormBackward0", "ln")),
-                                            ("attn.qkv.weight", (3 * h, h), ("FlashAttentionBackward0", "flash"))):
+        for param, (rows, cols), before in (
+            ("mlp.fc2.weight", (h, 4 * h), None),
+            ("mlp.fc1.weight", (4 * h, h), ("GeluBackward0", "gelu")),
+            ("attn.proj.weight", (h, h), ("NativeLayerNormBackward0", "ln")),
+            ("attn.qkv.weight", (3 * h, h), ("FlashAttentionBackward0", "flash")),
+        ):
             if before is not None:
                 with self.autograd(before[0]):
                     if before[1] == "gelu":
@@ -281,8 +323,12 @@ class RankStep:
                     elif before[1] == "ln":
                         self.elementwise("aten::native_layer_norm_backward", "layer_norm_bwd", t * h * 8)
                     else:
-                        self.kernel("aten::_flash_attention_backward", flash_name(True),
-                                    attention_us(self.gpu, t, m.seq_len, h, backward=True), "flash")
+                        self.kernel(
+                            "aten::_flash_attention_backward",
+                            flash_name(True),
+                            attention_us(self.gpu, t, m.seq_len, h, backward=True),
+                            "flash",
+                        )
             with self.autograd(linear):
                 self.gemm(t, cols, rows, transposed=False)  # dgrad
                 self.gemm(rows, cols, t, transposed=False)  # wgrad
@@ -298,8 +344,9 @@ class RankStep:
             host.spend(30.0, "backward-start")
             host.tid = host.autograd_tid
             with self.autograd("LogSoftmaxBackward0"):
-                self.elementwise("aten::_log_softmax_backward_data", "cross_entropy",
-                                 self.m.tokens * self.m.vocab * 0.05)
+                self.elementwise(
+                    "aten::_log_softmax_backward_data", "cross_entropy", self.m.tokens * self.m.vocab * 0.05
+                )
             for mod in order:
                 yield from self.backward_module(mod, order)
             host.tid = host.main_tid
@@ -317,8 +364,9 @@ class RankStep:
         with host.frames(*self.fr.step()), host.annotation("Optimizer.step#DeepSpeedZeroOptimizer_Stage3.step"):
             with host.frames(*self.fr.grad_norm()):
                 self.elementwise("aten::linalg_vector_norm", "norm", part * 4, COMPUTE)
-                yield from self.collective("all_reduce", self.world, 1, "fp32", COMPUTE, False, (),
-                                           self.fr.all_reduce())
+                yield from self.collective(
+                    "all_reduce", self.world, 1, "fp32", COMPUTE, False, (), self.fr.all_reduce()
+                )
                 if not cfg.deepspeed_at_least("0.14.3"):  # math.sqrt(total_norm) -> .item() (fixed by #5493)
                     with host.cpu_op("aten::item"):
                         self.memcpy("Memcpy DtoH (Device -> Pageable)", 4, COMPUTE, 2.5)
@@ -328,8 +376,9 @@ class RankStep:
                 host.spend(part / 2.5e3, "cpu-adam")  # DeepSpeedCPUAdam: ~2.5 G params/s on the host
                 self.memcpy("Memcpy HtoD (Pinned -> Device)", part * 2, COMPUTE, host_copy_us(part * 2, True))
             else:
-                self.kernel("aten::_fused_adam_", ELEMENTWISE["adam"], memory_us(self.gpu, part * 32),
-                            compute_bound=False)
+                self.kernel(
+                    "aten::_fused_adam_", ELEMENTWISE["adam"], memory_us(self.gpu, part * 32), compute_bound=False
+                )
             self.elementwise("aten::copy_", "cast", part * 6, COMPUTE)
 
     def step(self, step_no: int) -> Step:
@@ -346,8 +395,14 @@ class RankStep:
             self.memcpy("Memcpy HtoD (Pinned -> Device)", t * 8, COMPUTE, host_copy_us(t * 8, True))
             with host.cpu_op("aten::zero_"):
                 us = memory_us(self.gpu, 4 << 20)
-                host.launch("Memset (Device)", COMPUTE, us, kind="memset", cls="memset",
-                            args={"bytes": 4 << 20, "memory bandwidth (GB/s)": (4 << 20) / (us * 1e3)})
+                host.launch(
+                    "Memset (Device)",
+                    COMPUTE,
+                    us,
+                    kind="memset",
+                    cls="memset",
+                    args={"bytes": 4 << 20, "memory bandwidth (GB/s)": (4 << 20) / (us * 1e3)},
+                )
             yield from self.forward()
             yield from self.backward()
             yield from self.optimizer_step()

@@ -26,9 +26,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(out)
         truth = generate(scenario, out, **options)
         size = sum(p.stat().st_size for p in out.iterdir())
-        print(f"{name:18s} {len(truth['ranks']):3d} ranks {size / 1e6:6.2f} MB  "
-              f"step {truth['step_time_us'] / 1000:7.2f} ms  "
-              + ", ".join(f"{c['rule']} {c['cost_us'] / 1000:.2f} ms" for c in truth["causes"]))
+        print(
+            f"{name:18s} {len(truth['ranks']):3d} ranks {size / 1e6:6.2f} MB  "
+            f"step {truth['step_time_us'] / 1000:7.2f} ms  "
+            + ", ".join(f"{c['rule']} {c['cost_us'] / 1000:.2f} ms" for c in truth["causes"])
+        )
     return 0
 
 

@@ -22,40 +22,82 @@ class Preset:
 BASE = {"nodes": 2, "gpus_per_node": 2, "model.layers": 4}  # small sets unless a preset says otherwise
 
 PRESETS: dict[str, Preset] = {
-    "healthy": Preset("ZeRO-3 done right: overlap_comm, 5e7 buckets, prefetch; only the last bucket is exposed",
-                      {"nodes": 2, "gpus_per_node": 8, "model.layers": 6, "model.micro_batch": 4}),
+    "healthy": Preset(
+        "ZeRO-3 done right: overlap_comm, 5e7 buckets, prefetch; only the last bucket is exposed",
+        {"nodes": 2, "gpus_per_node": 8, "model.layers": 6, "model.micro_batch": 4},
+    ),
     "seed-5201": Preset(
         "DS #5201: 4x8 A100, DeepSpeed 0.13.3, torch 1.13.1, bf16, overlap_comm, default 5e8 bucket > 367M "
         "params, so every reduce-scatter waits for the end of backward; throughput-timer syncs; skewed node clocks",
-        {"nodes": 4, "gpus_per_node": 8, "gpu": "A100", "torch_version": "1.13.1", "deepspeed_version": "0.13.3",
-         "nccl_version": "2.14.3", "reduce_bucket_size": 500_000_000, "throughput_timer_sync": True,
-         "model.layers": 6, "model.micro_batch": 1, "clock_skew_us": 2500.0},
-        ("reduce-scatter-deferred", "throughput-timer-sync")),
-    "bucket-too-large": Preset("reduce_bucket_size (1e9) above the parameter count: reduce-scatter deferred",
-                               {"reduce_bucket_size": 1_000_000_000}, ("reduce-scatter-deferred",)),
-    "no-overlap-comm": Preset("overlap_comm: false: side streams are the default stream, comm serialized",
-                              {"overlap_comm": False}, ("overlap-comm-disabled",)),
-    "comms-logger": Preset("comms_logger enabled: cudaDeviceSynchronize after every collective",
-                           {"comms_logger": True}, ("comms-logger-sync",)),
-    "throughput-timer": Preset("timers.throughput.synchronized: device syncs at step start and end",
-                               {"throughput_timer_sync": True}, ("throughput-timer-sync",)),
-    "same-communicator": Preset("all-gather and reduce-scatter on one communicator (mpu DP group): NCCL serializes",
-                                {"same_communicator": True, "model.micro_batch": 1}, ("same-communicator",)),
-    "max-connections-1": Preset("CUDA_DEVICE_MAX_CONNECTIONS=1: streams execute in launch order, no concurrency",
-                                {"max_connections_1": True}, ("no-stream-concurrency",)),
-    "straggler": Preset("one rank's GPU runs 30% slower: the others wait inside their NCCL kernels",
-                        {"straggler_rank": -1, "straggler_factor": 1.3}, ("straggler",)),
-    "offload-sync": Preset("offload_optimizer on DeepSpeed 0.19.4 without pin_memory: blocking D2H grad copies",
-                           {"offload_optimizer": True, "deepspeed_version": "0.19.4"},
-                           ("offload-blocking-copy",)),
-    "reduce-throttle": Preset("1e7-element reduce buckets on a congested fabric: more than 2 reductions in flight "
-                              "make __reduce_and_partition_ipg_grads block on cudaEventSynchronize",
-                              {"reduce_bucket_size": 10_000_000, "comm_slowdown": 3.0},
-                              ("reduce-event-throttle",)),
-    "no-prefetch": Preset("stage3_prefetch_bucket_size: 0: every all-gather is issued when its module runs",
-                          {"prefetch_bucket_size": 0}, ("allgather-not-prefetched",)),
-    "clock-skew": Preset("healthy job with node clocks 5 ms apart (per-rank metrics must not change)",
-                         {"clock_skew_us": 5000.0}),
+        {
+            "nodes": 4,
+            "gpus_per_node": 8,
+            "gpu": "A100",
+            "torch_version": "1.13.1",
+            "deepspeed_version": "0.13.3",
+            "nccl_version": "2.14.3",
+            "reduce_bucket_size": 500_000_000,
+            "throughput_timer_sync": True,
+            "model.layers": 6,
+            "model.micro_batch": 1,
+            "clock_skew_us": 2500.0,
+        },
+        ("reduce-scatter-deferred", "throughput-timer-sync"),
+    ),
+    "bucket-too-large": Preset(
+        "reduce_bucket_size (1e9) above the parameter count: reduce-scatter deferred",
+        {"reduce_bucket_size": 1_000_000_000},
+        ("reduce-scatter-deferred",),
+    ),
+    "no-overlap-comm": Preset(
+        "overlap_comm: false: side streams are the default stream, comm serialized",
+        {"overlap_comm": False},
+        ("overlap-comm-disabled",),
+    ),
+    "comms-logger": Preset(
+        "comms_logger enabled: cudaDeviceSynchronize after every collective",
+        {"comms_logger": True},
+        ("comms-logger-sync",),
+    ),
+    "throughput-timer": Preset(
+        "timers.throughput.synchronized: device syncs at step start and end",
+        {"throughput_timer_sync": True},
+        ("throughput-timer-sync",),
+    ),
+    "same-communicator": Preset(
+        "all-gather and reduce-scatter on one communicator (mpu DP group): NCCL serializes",
+        {"same_communicator": True, "model.micro_batch": 1},
+        ("same-communicator",),
+    ),
+    "max-connections-1": Preset(
+        "CUDA_DEVICE_MAX_CONNECTIONS=1: streams execute in launch order, no concurrency",
+        {"max_connections_1": True},
+        ("no-stream-concurrency",),
+    ),
+    "straggler": Preset(
+        "one rank's GPU runs 30% slower: the others wait inside their NCCL kernels",
+        {"straggler_rank": -1, "straggler_factor": 1.3},
+        ("straggler",),
+    ),
+    "offload-sync": Preset(
+        "offload_optimizer on DeepSpeed 0.19.4 without pin_memory: blocking D2H grad copies",
+        {"offload_optimizer": True, "deepspeed_version": "0.19.4"},
+        ("offload-blocking-copy",),
+    ),
+    "reduce-throttle": Preset(
+        "1e7-element reduce buckets on a congested fabric: more than 2 reductions in flight "
+        "make __reduce_and_partition_ipg_grads block on cudaEventSynchronize",
+        {"reduce_bucket_size": 10_000_000, "comm_slowdown": 3.0},
+        ("reduce-event-throttle",),
+    ),
+    "no-prefetch": Preset(
+        "stage3_prefetch_bucket_size: 0: every all-gather is issued when its module runs",
+        {"prefetch_bucket_size": 0},
+        ("allgather-not-prefetched",),
+    ),
+    "clock-skew": Preset(
+        "healthy job with node clocks 5 ms apart (per-rank metrics must not change)", {"clock_skew_us": 5000.0}
+    ),
 }
 
 
@@ -88,45 +130,62 @@ def _hpz_fix(cfg: SimConfig) -> dict[str, Any]:
 CAUSES: dict[str, Cause] = {
     "reduce-scatter-deferred": Cause(
         lambda cfg: {"reduce_bucket_size": 50_000_000},
-        lambda cfg: {"config": {"zero_optimization.reduce_bucket_size": 50_000_000}}),
+        lambda cfg: {"config": {"zero_optimization.reduce_bucket_size": 50_000_000}},
+    ),
     "throughput-timer-sync": Cause(lambda cfg: {"throughput_timer_sync": False}, _timer_fix),
-    "overlap-comm-disabled": Cause(lambda cfg: {"overlap_comm": True},
-                                   lambda cfg: {"config": {"zero_optimization.overlap_comm": True}}),
-    "comms-logger-sync": Cause(lambda cfg: {"comms_logger": False},
-                               lambda cfg: {"config": {"comms_logger.enabled": False}}),
+    "overlap-comm-disabled": Cause(
+        lambda cfg: {"overlap_comm": True}, lambda cfg: {"config": {"zero_optimization.overlap_comm": True}}
+    ),
+    "comms-logger-sync": Cause(
+        lambda cfg: {"comms_logger": False}, lambda cfg: {"config": {"comms_logger.enabled": False}}
+    ),
     "same-communicator": Cause(lambda cfg: {"same_communicator": False}, _hpz_fix),
-    "no-stream-concurrency": Cause(lambda cfg: {"max_connections_1": False},
-                                   lambda cfg: {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}),
-    "straggler": Cause(lambda cfg: {"straggler_rank": None, "straggler_factor": 1.0}, lambda cfg: {},
-                       lambda cfg: [cfg.straggler_rank] if cfg.straggler_rank is not None else []),
+    "no-stream-concurrency": Cause(
+        lambda cfg: {"max_connections_1": False}, lambda cfg: {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}
+    ),
+    "straggler": Cause(
+        lambda cfg: {"straggler_rank": None, "straggler_factor": 1.0},
+        lambda cfg: {},
+        lambda cfg: [cfg.straggler_rank] if cfg.straggler_rank is not None else [],
+    ),
     "offload-blocking-copy": Cause(
         lambda cfg: {"deepspeed_version": "0.19.5", "offload_pin_memory": True},
-        lambda cfg: {"upgrade": "deepspeed>=0.19.5",
-                     "config": {"zero_optimization.offload_optimizer.pin_memory": True}}),
+        lambda cfg: {
+            "upgrade": "deepspeed>=0.19.5",
+            "config": {"zero_optimization.offload_optimizer.pin_memory": True},
+        },
+    ),
     "reduce-event-throttle": Cause(
         lambda cfg: {"reduce_event_throttle": False},
-        lambda cfg: {"config": {"zero_optimization.reduce_bucket_size": min(cfg.reduce_bucket_size * 5,
-                                                                            500_000_000)}}),
+        lambda cfg: {"config": {"zero_optimization.reduce_bucket_size": min(cfg.reduce_bucket_size * 5, 500_000_000)}},
+    ),
     "epilogue-sync": Cause(lambda cfg: {"epilogue_sync": False}, lambda cfg: {}),
     "fetch-throttle": Cause(lambda cfg: {"fetch_event_throttle": False}, lambda cfg: {}),
     "allgather-not-prefetched": Cause(
         lambda cfg: {"prefetch_bucket_size": 50_000_000},
-        lambda cfg: {"config": {"zero_optimization.stage3_prefetch_bucket_size": 50_000_000}}),
+        lambda cfg: {"config": {"zero_optimization.stage3_prefetch_bucket_size": 50_000_000}},
+    ),
 }
 
 # DeepSpeed behaviours present in every simulated job; truth.json measures them the same way ("inherent")
 INHERENT = ("epilogue-sync", "reduce-event-throttle", "fetch-throttle")
 
-NCCL_FOR_TORCH = [("2.8", "2.27.3"), ("2.7", "2.26.2"), ("2.5", "2.21.5"), ("2.3", "2.20.5"), ("2.2", "2.19.3"),
-                  ("2.1", "2.18.1"), ("0", "2.14.3")]
+NCCL_FOR_TORCH = [
+    ("2.8", "2.27.3"),
+    ("2.7", "2.26.2"),
+    ("2.5", "2.21.5"),
+    ("2.3", "2.20.5"),
+    ("2.2", "2.19.3"),
+    ("2.1", "2.18.1"),
+    ("0", "2.14.3"),
+]
 
 
 def parse_scenario(name: str) -> list[str]:
     parts = [p.strip() for p in name.split("+") if p.strip()]
     unknown = [p for p in parts if p not in PRESETS]
     if not parts or unknown:
-        raise UserError(f"unknown scenario {', '.join(unknown) or repr(name)}; "
-                        f"presets: {', '.join(sorted(PRESETS))}")
+        raise UserError(f"unknown scenario {', '.join(unknown) or repr(name)}; presets: {', '.join(sorted(PRESETS))}")
     return parts
 
 
@@ -157,8 +216,10 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
     if cfg.straggler_rank == -1:
         cfg = cfg.with_overrides({"straggler_rank": cfg.seed % cfg.world_size if cfg.world_size > 1 else 0})
     if skew:
-        offsets = tuple(0.0 if n == 0 else round(skew * (jitter(cfg.seed, "clock", n, spread=1.0) - 1.0), 3)
-                        for n in range(cfg.nodes))
+        offsets = tuple(
+            0.0 if n == 0 else round(skew * (jitter(cfg.seed, "clock", n, spread=1.0) - 1.0), 3)
+            for n in range(cfg.nodes)
+        )
         cfg = cfg.with_overrides({"clock_offset_us": offsets})
     if "reduce-scatter-deferred" in causes and cfg.reduce_bucket_size < cfg.model.parameters:
         causes.remove("reduce-scatter-deferred")  # the override made the bucket small again

@@ -63,8 +63,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         marks[rank] = []
         programs[rank] = _program(RankStep(cfg, hosts[rank], fabric), cfg, marks[rank])
     run(programs, devices)
-    return SimResult(cfg, [_window(cfg, rank, hosts[rank], devices[rank], marks[rank])
-                           for rank in range(cfg.world_size)])
+    return SimResult(
+        cfg, [_window(cfg, rank, hosts[rank], devices[rank], marks[rank]) for rank in range(cfg.world_size)]
+    )
 
 
 def _program(rank_step: RankStep, cfg: SimConfig, marks: list[float]):
@@ -81,8 +82,10 @@ def step_period(device: Device, marks: list[float], profiled: int) -> float:
     host step launched). Unlike a step's own GPU duration, it does not count work that overlapped the previous
     step (a first all-gather issued while the previous optimizer step still ran) as step time: it is the
     throughput a change of the job would alter."""
-    ends = [max((op.end for op in device.ops if lo <= op.launch_ts < hi), default=lo)
-            for lo, hi in zip(marks[:-1], marks[1:], strict=False)]
+    ends = [
+        max((op.end for op in device.ops if lo <= op.launch_ts < hi), default=lo)
+        for lo, hi in zip(marks[:-1], marks[1:], strict=False)
+    ]
     return (ends[-1] - ends[-1 - profiled]) / profiled
 
 
@@ -99,6 +102,17 @@ def _window(cfg: SimConfig, rank: int, host: Host, device: Device, marks: list[f
     syncs = [s for s in host.syncs if start <= s.ts <= end]
     offsets = cfg.clock_offset_us
     node = rank // cfg.gpus_per_node
-    return RankRun(rank, node, rank % cfg.gpus_per_node, host.pid, host.main_tid, host.autograd_tid,
-                   offsets[node] if node < len(offsets) else 0.0, cpu, syncs, gpu, (start, end),
-                   step_period(device, marks, cfg.steps))
+    return RankRun(
+        rank,
+        node,
+        rank % cfg.gpus_per_node,
+        host.pid,
+        host.main_tid,
+        host.autograd_tid,
+        offsets[node] if node < len(offsets) else 0.0,
+        cpu,
+        syncs,
+        gpu,
+        (start, end),
+        step_period(device, marks, cfg.steps),
+    )

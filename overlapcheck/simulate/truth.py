@@ -76,8 +76,13 @@ def split(comm: list[tuple[str, float, float]], compute: Intervals) -> dict[str,
         merged = merge(ivs)
         time = length(merged)
         over = length(intersect(merged, compute))
-        out[kind] = {"count": len(ivs), "time_us": _r(time), "overlapped_us": _r(over),
-                     "exposed_us": _r(time - over), "overlap": (over / time) if time > 0 else None}
+        out[kind] = {
+            "count": len(ivs),
+            "time_us": _r(time),
+            "overlapped_us": _r(over),
+            "exposed_us": _r(time - over),
+            "overlap": (over / time) if time > 0 else None,
+        }
     return out
 
 
@@ -87,8 +92,9 @@ def copies(ivs: Intervals, compute: Intervals, comm_all: Intervals) -> dict[str,
     return {"count": len(ivs), "time_us": _r(length(merged)), "exposed_us": _r(length(exposed))}
 
 
-def phases(acts: list[tuple[str, str, float, float, float]], compute: Intervals,
-           backward_ops: Intervals) -> dict[str, Any]:
+def phases(
+    acts: list[tuple[str, str, float, float, float]], compute: Intervals, backward_ops: Intervals
+) -> dict[str, Any]:
     """forward / backward / optimizer: issued before, inside, after the step's backward CPU window."""
     if not backward_ops:
         return {}
@@ -96,8 +102,10 @@ def phases(acts: list[tuple[str, str, float, float, float]], compute: Intervals,
     out = {}
     for name in PHASES:
         sel = [a for a in acts if (a[4] < lo, lo <= a[4] <= hi, a[4] > hi)[PHASES.index(name)]]
-        out[name] = {"compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in sel if c == "compute"]))),
-                     "collectives": split([(k, s, e) for c, k, s, e, _ in sel if c == "comm"], compute)}
+        out[name] = {
+            "compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in sel if c == "compute"]))),
+            "collectives": split([(k, s, e) for c, k, s, e, _ in sel if c == "comm"], compute),
+        }
     return out
 
 
@@ -111,8 +119,9 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
     compute = merge([(s, e) for c, _, s, e, _ in acts if c == "compute"])
     comm = [(k, s, e) for c, k, s, e, _ in acts if c == "comm"]
     comm_all = merge([(s, e) for _, s, e in comm])
-    autograd = [run.span(ev.ts, ev.ts + ev.dur) for ev in run.cpu
-                if ev.cat == "cpu_op" and ev.name.startswith(BACKWARD_OP)]
+    autograd = [
+        run.span(ev.ts, ev.ts + ev.dur) for ev in run.cpu if ev.cat == "cpu_op" and ev.name.startswith(BACKWARD_OP)
+    ]
     steps = []
     for ev in run.cpu:
         if ev.cat != "user_annotation" or not ev.name.startswith("ProfilerStep#"):
@@ -122,24 +131,36 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
         start = min((a[2] for a in mine), default=ts)
         duration = (max(a[3] for a in mine) - start) if mine else dur
         colls = split([(k, s, e) for c, k, s, e, _ in mine if c == "comm"], compute)
-        steps.append({
-            "step": int(ev.name.split("#", 1)[1]), "start_us": _r(start), "duration_us": _r(duration),
-            "cpu_duration_us": _r(dur),
-            "compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in mine if c == "compute"]))),
-            "exposed_share": (colls["all"]["exposed_us"] / duration) if duration > 0 else None,
-            "collectives": colls,
-            "memcpy": copies([(s, e) for c, _, s, e, _ in mine if c == "memcpy"], compute, comm_all),
-            "memset": copies([(s, e) for c, _, s, e, _ in mine if c == "memset"], compute, comm_all),
-            "phases": phases(mine, compute, [(a, a + d) for a, d in autograd if ts <= a <= ts + dur]),
-        })
+        steps.append(
+            {
+                "step": int(ev.name.split("#", 1)[1]),
+                "start_us": _r(start),
+                "duration_us": _r(duration),
+                "cpu_duration_us": _r(dur),
+                "compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in mine if c == "compute"]))),
+                "exposed_share": (colls["all"]["exposed_us"] / duration) if duration > 0 else None,
+                "collectives": colls,
+                "memcpy": copies([(s, e) for c, _, s, e, _ in mine if c == "memcpy"], compute, comm_all),
+                "memset": copies([(s, e) for c, _, s, e, _ in mine if c == "memset"], compute, comm_all),
+                "phases": phases(mine, compute, [(a, a + d) for a, d in autograd if ts <= a <= ts + dur]),
+            }
+        )
     span = (max(a[3] for a in acts) - min(a[2] for a in acts)) if acts else 0.0
     busy = length(merge([(s, e) for _, _, s, e, _ in acts]))
     step_time = sum(s["duration_us"] for s in steps) if steps else span
     colls = split(comm, compute)
     return {
-        "rank": run.rank, "source": source, "world_size": None, "backend": "nccl", "host": f"node-{run.node}",
-        "lanes": "gpu", "span_us": _r(span), "busy_us": _r(busy), "compute_us": _r(length(compute)),
-        "idle_us": _r(span - busy), "step_time_us": _r(step_time),
+        "rank": run.rank,
+        "source": source,
+        "world_size": None,
+        "backend": "nccl",
+        "host": f"node-{run.node}",
+        "lanes": "gpu",
+        "span_us": _r(span),
+        "busy_us": _r(busy),
+        "compute_us": _r(length(compute)),
+        "idle_us": _r(span - busy),
+        "step_time_us": _r(step_time),
         "exposed_share": (colls["all"]["exposed_us"] / step_time) if step_time > 0 else None,
         "collectives": colls,
         "memcpy": copies([(s, e) for c, _, s, e, _ in acts if c == "memcpy"], compute, comm_all),

@@ -28,11 +28,25 @@ GPU_CAT = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 
 def device_properties(cfg: SimConfig) -> list[dict[str, Any]]:
     gpu = GPUS[cfg.gpu]
-    return [{"id": i, "name": gpu.device_name, "totalGlobalMem": gpu.mem_bytes, "computeMajor": gpu.compute_major,
-             "computeMinor": 0, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,
-             "regsPerBlock": 65536, "warpSize": 32, "sharedMemPerBlock": 49152, "numSms": gpu.sms,
-             "regsPerMultiprocessor": 65536, "sharedMemPerBlockOptin": gpu.smem_optin,
-             "sharedMemPerMultiprocessor": gpu.smem_per_sm} for i in range(cfg.gpus_per_node)]
+    return [
+        {
+            "id": i,
+            "name": gpu.device_name,
+            "totalGlobalMem": gpu.mem_bytes,
+            "computeMajor": gpu.compute_major,
+            "computeMinor": 0,
+            "maxThreadsPerBlock": 1024,
+            "maxThreadsPerMultiprocessor": 2048,
+            "regsPerBlock": 65536,
+            "warpSize": 32,
+            "sharedMemPerBlock": 49152,
+            "numSms": gpu.sms,
+            "regsPerMultiprocessor": 65536,
+            "sharedMemPerBlockOptin": gpu.smem_optin,
+            "sharedMemPerMultiprocessor": gpu.smem_per_sm,
+        }
+        for i in range(cfg.gpus_per_node)
+    ]
 
 
 def distributed_info(cfg: SimConfig, rank: int) -> dict[str, Any]:
@@ -56,39 +70,121 @@ def trace_document(cfg: SimConfig, run: RankRun) -> dict[str, Any]:
         if ev.cat != "cuda_runtime":
             args["Ev Idx"] = ev_idx
             ev_idx += 1
-        events.append({"ph": "X", "cat": ev.cat, "name": ev.name, "pid": run.pid, "tid": ev.tid, "ts": ts,
-                       "dur": dur, "args": args})
+        events.append(
+            {
+                "ph": "X",
+                "cat": ev.cat,
+                "name": ev.name,
+                "pid": run.pid,
+                "tid": ev.tid,
+                "ts": ts,
+                "dur": dur,
+                "args": args,
+            }
+        )
         if ev.flow == "s":
-            events.append({"ph": "s", "id": args["correlation"], "pid": run.pid, "tid": ev.tid, "ts": ts,
-                           "cat": "ac2g", "name": "ac2g"})
+            events.append(
+                {
+                    "ph": "s",
+                    "id": args["correlation"],
+                    "pid": run.pid,
+                    "tid": ev.tid,
+                    "ts": ts,
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                }
+            )
         elif ev.flow == "f":
-            events.append({"ph": "f", "id": args["correlation"], "pid": run.pid, "tid": ev.tid, "ts": ts,
-                           "cat": "ac2g", "name": "ac2g", "bp": "e"})
+            events.append(
+                {
+                    "ph": "f",
+                    "id": args["correlation"],
+                    "pid": run.pid,
+                    "tid": ev.tid,
+                    "ts": ts,
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                    "bp": "e",
+                }
+            )
     for op in run.gpu:
         events.extend(_gpu_events(run, op))
     for sync in run.syncs:
         ts, dur = run.span(sync.ts, sync.ts + sync.dur)
         tid = sync.stream if sync.kind in ("Stream Sync", "Stream Wait Event") else -1
-        events.append({"ph": "X", "cat": "cuda_sync", "name": sync.kind, "pid": run.local_rank, "tid": tid,
-                       "ts": ts, "dur": dur,
-                       "args": {"External id": sync.ext, **sync.args, "correlation": sync.corr,
-                                "device": run.local_rank, "context": 1}})
-        events.append({"ph": "f", "id": sync.corr, "pid": run.local_rank, "tid": tid, "ts": ts, "cat": "ac2g",
-                       "name": "ac2g", "bp": "e"})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_sync",
+                "name": sync.kind,
+                "pid": run.local_rank,
+                "tid": tid,
+                "ts": ts,
+                "dur": dur,
+                "args": {
+                    "External id": sync.ext,
+                    **sync.args,
+                    "correlation": sync.corr,
+                    "device": run.local_rank,
+                    "context": 1,
+                },
+            }
+        )
+        events.append(
+            {
+                "ph": "f",
+                "id": sync.corr,
+                "pid": run.local_rank,
+                "tid": tid,
+                "ts": ts,
+                "cat": "ac2g",
+                "name": "ac2g",
+                "bp": "e",
+            }
+        )
     events.extend(_gpu_annotations(run))
     start, dur = run.span(run.window[0] - 20.0, run.window[1] + 5.0)
-    events.append({"ph": "X", "cat": "Trace", "ts": start, "dur": dur, "pid": "Spans", "tid": "PyTorch Profiler",
-                   "name": "PyTorch Profiler (0)", "args": {"Op count": 0}})
-    events.append({"name": "Iteration Start: PyTorch Profiler", "ph": "i", "s": "g", "pid": "Traces",
-                   "tid": "Trace PyTorch Profiler", "ts": start})
+    events.append(
+        {
+            "ph": "X",
+            "cat": "Trace",
+            "ts": start,
+            "dur": dur,
+            "pid": "Spans",
+            "tid": "PyTorch Profiler",
+            "name": "PyTorch Profiler (0)",
+            "args": {"Op count": 0},
+        }
+    )
+    events.append(
+        {
+            "name": "Iteration Start: PyTorch Profiler",
+            "ph": "i",
+            "s": "g",
+            "pid": "Traces",
+            "tid": "Trace PyTorch Profiler",
+            "ts": start,
+        }
+    )
     trace_id = hashlib.sha1(f"{cfg.scenario}/{cfg.seed}/{run.rank}".encode()).hexdigest()[:32].upper()
-    doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": device_properties(cfg),
-                           "distributedInfo": distributed_info(cfg, run.rank)}
+    doc: dict[str, Any] = {
+        "schemaVersion": 1,
+        "deviceProperties": device_properties(cfg),
+        "distributedInfo": distributed_info(cfg, run.rank),
+    }
     if cfg.torch_at_least("2.2"):
         doc.update({"cuda_runtime_version": 12080, "cupti_version": 26, "cuda_driver_version": 12080})
-    doc.update({"with_stack": 1, "trace_id": trace_id, "host_name": f"node-{run.node}",
-                "traceEvents": events, "traceName": f"traces/rank{run.rank}.trace.json",
-                "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_TIME_NS})
+    doc.update(
+        {
+            "with_stack": 1,
+            "trace_id": trace_id,
+            "host_name": f"node-{run.node}",
+            "traceEvents": events,
+            "traceName": f"traces/rank{run.rank}.trace.json",
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": BASE_TIME_NS,
+        }
+    )
     return doc
 
 
@@ -96,15 +192,37 @@ def _gpu_events(run: RankRun, op: GpuOp) -> list[dict[str, Any]]:
     ts, dur = run.span(op.start, op.end)
     dev = run.local_rank
     if op.kind == "kernel":
-        args = {"External id": op.ext, "queued": 0, "device": dev, "context": 1, "stream": op.stream,
-                "correlation": op.corr, **op.args}
+        args = {
+            "External id": op.ext,
+            "queued": 0,
+            "device": dev,
+            "context": 1,
+            "stream": op.stream,
+            "correlation": op.corr,
+            **op.args,
+        }
     else:
-        args = {"External id": op.ext, "device": dev, "context": 1, "stream": op.stream, "correlation": op.corr,
-                **op.args}
-    return [{"ph": "X", "cat": GPU_CAT[op.kind], "name": op.name, "pid": dev, "tid": op.stream, "ts": ts,
-             "dur": dur, "args": args},
-            {"ph": "f", "id": op.corr, "pid": dev, "tid": op.stream, "ts": ts, "cat": "ac2g", "name": "ac2g",
-             "bp": "e"}]
+        args = {
+            "External id": op.ext,
+            "device": dev,
+            "context": 1,
+            "stream": op.stream,
+            "correlation": op.corr,
+            **op.args,
+        }
+    return [
+        {
+            "ph": "X",
+            "cat": GPU_CAT[op.kind],
+            "name": op.name,
+            "pid": dev,
+            "tid": op.stream,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        },
+        {"ph": "f", "id": op.corr, "pid": dev, "tid": op.stream, "ts": ts, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+    ]
 
 
 def _gpu_annotations(run: RankRun) -> list[dict[str, Any]]:
@@ -115,16 +233,38 @@ def _gpu_annotations(run: RankRun) -> list[dict[str, Any]]:
         ops = [op for op in run.gpu if op.stream == 7 and ev.ts <= op.launch_ts <= ev.ts + ev.dur]
         if ops:
             ts, dur = run.span(min(op.start for op in ops), max(op.end for op in ops))
-            out.append({"ph": "X", "cat": "gpu_user_annotation", "name": ev.name, "pid": run.local_rank,
-                        "tid": 7, "ts": ts, "dur": dur, "args": {"External id": ev.args["External id"]}})
-    titles = {"all_gather": "nccl:_all_gather_base", "reduce_scatter": "nccl:_reduce_scatter_base",
-              "all_reduce": "nccl:all_reduce"}
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "gpu_user_annotation",
+                    "name": ev.name,
+                    "pid": run.local_rank,
+                    "tid": 7,
+                    "ts": ts,
+                    "dur": dur,
+                    "args": {"External id": ev.args["External id"]},
+                }
+            )
+    titles = {
+        "all_gather": "nccl:_all_gather_base",
+        "reduce_scatter": "nccl:_reduce_scatter_base",
+        "all_reduce": "nccl:all_reduce",
+    }
     for op in run.gpu:
         if op.cls == "comm":
             ts, dur = run.span(op.start, op.end)
-            out.append({"ph": "X", "cat": "gpu_user_annotation", "name": titles[op.collective],
-                        "pid": run.local_rank, "tid": op.stream, "ts": ts, "dur": dur,
-                        "args": {"External id": op.ext}})
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "gpu_user_annotation",
+                    "name": titles[op.collective],
+                    "pid": run.local_rank,
+                    "tid": op.stream,
+                    "ts": ts,
+                    "dur": dur,
+                    "args": {"External id": op.ext},
+                }
+            )
     return out
 
 

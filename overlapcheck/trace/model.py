@@ -35,15 +35,35 @@ class Table:
 
 # column name -> dtype, per family
 GPU_COLUMNS = {
-    "start": np.float64, "end": np.float64, "stream": np.int64, "device": np.int32, "correlation": np.int64,
-    "cls": np.int8, "coll": np.int8, "name": np.int32, "pg": np.int32, "nelems": np.int64, "dtype": np.int32,
+    "start": np.float64,
+    "end": np.float64,
+    "stream": np.int64,
+    "device": np.int32,
+    "correlation": np.int64,
+    "cls": np.int8,
+    "coll": np.int8,
+    "name": np.int32,
+    "pg": np.int32,
+    "nelems": np.int64,
+    "dtype": np.int32,
     "nbytes": np.int64,
-}  # fmt: skip
-RUNTIME_COLUMNS = {"start": np.float64, "end": np.float64, "thread": np.int32, "correlation": np.int64,
-                   "name": np.int32}  # fmt: skip
+}
+RUNTIME_COLUMNS = {
+    "start": np.float64,
+    "end": np.float64,
+    "thread": np.int32,
+    "correlation": np.int64,
+    "name": np.int32,
+}
 OP_COLUMNS = {"start": np.float64, "end": np.float64, "thread": np.int32, "name": np.int32, "kind": np.int8}
-SYNC_COLUMNS = {"start": np.float64, "end": np.float64, "stream": np.int64, "name": np.int32,
-                "wait_on_stream": np.int64, "correlation": np.int64}  # fmt: skip
+SYNC_COLUMNS = {
+    "start": np.float64,
+    "end": np.float64,
+    "stream": np.int64,
+    "name": np.int32,
+    "wait_on_stream": np.int64,
+    "correlation": np.int64,
+}
 FLOW_COLUMNS = {"start": np.float64, "thread": np.int32, "correlation": np.int64}
 
 # kinds of CPU-side ops
@@ -126,15 +146,23 @@ class _Columns:
 _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _SYNC = 0, 1, 2, 3, 4
 _OP = 5  # _OP + kind for cpu_op / user_annotation / python_function
 _FAMILY: dict[str | None, int] = {
-    **dict.fromkeys(C.KERNEL_CATS, _KERNEL), **dict.fromkeys(C.MEMCPY_CATS, _MEMCPY),
-    **dict.fromkeys(C.MEMSET_CATS, _MEMSET), **dict.fromkeys(C.RUNTIME_CATS, _RUNTIME), "cuda_sync": _SYNC,
+    **dict.fromkeys(C.KERNEL_CATS, _KERNEL),
+    **dict.fromkeys(C.MEMCPY_CATS, _MEMCPY),
+    **dict.fromkeys(C.MEMSET_CATS, _MEMSET),
+    **dict.fromkeys(C.RUNTIME_CATS, _RUNTIME),
+    "cuda_sync": _SYNC,
     **{cat: _OP + kind for cat, kind in _OP_KIND.items()},
-}  # fmt: skip
+}
 _COLLECTIVE_INDEX = {kind: i for i, kind in enumerate(C.COLLECTIVES)}
 # columns that index the builder's names / threads, per family (remapped when builders merge)
 _FAMILIES = ("gpu", "runtime", "ops", "syncs", "flows")
-_NAME_COLUMNS = {"gpu": ("name", "pg", "dtype"), "runtime": ("name",), "ops": ("name",), "syncs": ("name",),
-                 "flows": ()}  # fmt: skip
+_NAME_COLUMNS = {
+    "gpu": ("name", "pg", "dtype"),
+    "runtime": ("name",),
+    "ops": ("name",),
+    "syncs": ("name",),
+    "flows": (),
+}
 _THREAD_COLUMNS = {"gpu": (), "runtime": ("thread",), "ops": ("thread",), "syncs": (), "flows": ("thread",)}
 
 
@@ -222,11 +250,16 @@ class ModelBuilder:
                 rt_rows.append((ts, end, thread, corr if corr is not None else -1, idx))
             elif family == _SYNC:
                 a = ev.args
-                self.syncs.rows.append((
-                    ts, end, _stream_of(a, ev.tid), intern(name),
-                    a.wait_on_stream if a is not None and a.wait_on_stream is not None else -1,
-                    a.correlation if a is not None and a.correlation is not None else -1,
-                ))  # fmt: skip
+                self.syncs.rows.append(
+                    (
+                        ts,
+                        end,
+                        _stream_of(a, ev.tid),
+                        intern(name),
+                        a.wait_on_stream if a is not None and a.wait_on_stream is not None else -1,
+                        a.correlation if a is not None and a.correlation is not None else -1,
+                    )
+                )
             else:
                 gpu_rows.append(self._gpu_row(family, name, ts, end, ev))
         for cols in (self.gpu, self.runtime, self.ops, self.syncs, self.flows):
@@ -265,9 +298,20 @@ class ModelBuilder:
         dtype = intern(args.dtype)
         device = args.device if type(args.device) is int else _as_int(args.device)
         stream = args.stream if type(args.stream) is int else _stream_of(args, ev.tid)
-        return (ts, end, stream, device if device is not None else -1,
-                args.correlation if args.correlation is not None else -1, cls, coll, intern(name), pg,
-                n if n is not None else -1, dtype, args.nbytes if args.nbytes is not None else -1)  # fmt: skip
+        return (
+            ts,
+            end,
+            stream,
+            device if device is not None else -1,
+            args.correlation if args.correlation is not None else -1,
+            cls,
+            coll,
+            intern(name),
+            pg,
+            n if n is not None else -1,
+            dtype,
+            args.nbytes if args.nbytes is not None else -1,
+        )
 
     def part(self) -> dict[str, Any]:
         """What this builder holds, as plain picklable data, for `merge` into the builder of the whole file.
@@ -279,8 +323,13 @@ class ModelBuilder:
             cols = getattr(self, family)
             cols.flush()
             tables[family] = {c: cols.column(c) for c in cols.columns} if cols.parts[next(iter(cols.columns))] else None
-        return {"names": self.names, "threads": list(self._threads), "thread_names": self._thread_names,
-                "steps": self.steps, "tables": tables}  # fmt: skip
+        return {
+            "names": self.names,
+            "threads": list(self._threads),
+            "thread_names": self._thread_names,
+            "steps": self.steps,
+            "tables": tables,
+        }
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append a `part()` built from the events that follow this builder's, as if `add` had seen them."""
@@ -318,11 +367,13 @@ class ModelBuilder:
             ops=self.ops.table(),
             syncs=self.syncs.table(),
             flows=self.flows.table(),
-            steps=Table({
-                "number": np.array([s[0] for s in steps], dtype=np.int64),
-                "start": np.array([s[1] for s in steps], dtype=np.float64),
-                "end": np.array([s[2] for s in steps], dtype=np.float64),
-            }),  # fmt: skip
+            steps=Table(
+                {
+                    "number": np.array([s[0] for s in steps], dtype=np.int64),
+                    "start": np.array([s[1] for s in steps], dtype=np.float64),
+                    "end": np.array([s[2] for s in steps], dtype=np.float64),
+                }
+            ),
             threads=threads,
         )
 

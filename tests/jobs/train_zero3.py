@@ -35,9 +35,17 @@ def main() -> int:
     deepspeed.init_distributed(dist_backend="gloo")
     w = args.width
     model = torch.nn.Sequential(
-        torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
-        torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
-        torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, 8),
+        torch.nn.Linear(w, w),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w, w),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w, w),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w, w),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w, w),
+        torch.nn.ReLU(),
+        torch.nn.Linear(w, 8),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=args.config)
