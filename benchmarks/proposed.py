@@ -77,11 +77,12 @@ def _steps_by_sort() -> None:
 
 
 def _parallel_reader() -> None:
-    from overlapcheck.analysis import pipeline
     from overlapcheck.trace import fastpath, reader
 
     if "workers" in inspect.signature(reader.load_trace).parameters:
         return
+    from overlapcheck import pipeline
+
     plain = reader.load_trace
 
     def load_trace(path: str, progress=None):  # noqa: ANN001, ANN202

@@ -42,7 +42,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            click.echo(f"overlapcheck: error: {exc}", err=True)
+            from overlapcheck.report.present import safe_line
+
+            click.echo(f"overlapcheck: error: {safe_line(exc)}", err=True)
             sys.exit(2)
 
 

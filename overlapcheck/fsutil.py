@@ -1,64 +1,254 @@
-"""Safe file output: never overwrite without consent, never leave a half-written file."""
+"""Safe file input and output.
+
+Input: only regular files are read (a FIFO, a device or a socket named like a trace would block or never end),
+found without opening them, and small JSON documents are read with a size bound.
+Output: never overwrite without consent (atomically: the no-clobber check is the link that publishes the file,
+not a check before it), never leave a half-written or temp file behind, and every OS error is one UserError line.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
+import stat
 import tempfile
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from overlapcheck.errors import UserError
 
+MAX_JSON_BYTES = 256 << 20  # run.json, a ds_config, a report, a summary: far below this
+# a hard link is how a file appears without replacing one; where the file system has none, create-exclusive
+_NO_LINK = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS, errno.EXDEV, errno.EACCES}
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _input_error(path: str, exc: OSError | ValueError, expected: str) -> UserError:
+    """A UserError for a failed stat or open of an input path."""
+    if isinstance(exc, ValueError):  # e.g. an embedded NUL byte
+        return UserError(f"not a valid path ({exc})", path)
+    if isinstance(exc, FileNotFoundError):
+        if os.path.islink(path):
+            return UserError("broken symbolic link: the file it points to does not exist", path)
+        return UserError("no such file", path)
+    if exc.errno == errno.ELOOP:
+        return UserError("symbolic link loop", path)
+    if isinstance(exc, IsADirectoryError):
+        return UserError(f"is a directory, not {expected}", path)
+    return UserError(f"cannot read: {exc.strerror or exc}", path)
+
 
 def open_input(path: str | os.PathLike[str], expected: str) -> BinaryIO:
-    """Open a user-given input file for binary reading; a missing, directory or unreadable path is a UserError
-    (`expected` names what the path should have been, e.g. "a trace file")."""
+    """Open a user-given input file for binary reading; a missing, broken-link, directory, FIFO, device or
+    unreadable path is a UserError (`expected` names what the path should have been, e.g. "a trace file").
+
+    Non-regular files are refused from `os.stat` (never opened: opening a FIFO blocks until a writer comes),
+    and the file is then opened non-blocking and checked again, so a path swapped in between cannot hang us."""
+    path = os.fspath(path)
     try:
-        return open(path, "rb")  # noqa: SIM115 - returned to the caller
+        st = os.stat(path)
+    except (OSError, ValueError) as exc:
+        raise _input_error(path, exc, expected) from None
+    if not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"is a directory, not {expected}", path)
+        raise UserError(f"is {_kind(st.st_mode)}, not {expected}: only regular files are read", path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:
+        raise _input_error(path, exc, expected) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"is {_kind(st.st_mode)}, not {expected}: only regular files are read", path)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def file_size(path: str | os.PathLike[str]) -> int:
+    """The size of a regular file, 0 for anything else or anything that cannot be stat'ed (a broken link, a
+    file deleted meanwhile): for progress totals, which must never fail. The reader reports the real problem."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def read_bytes(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The whole content of a small regular file, at most `max_bytes` (UserError beyond, without reading more)."""
+    with open_input(path, what) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise UserError(f"cannot read: {exc.strerror or exc}", os.fspath(path)) from None
+    if len(data) > max_bytes:
+        raise UserError(f"larger than {_size_text(max_bytes)}: too big for {what}", os.fspath(path))
+    return data
+
+
+def read_json_file(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Read a small JSON document (run.json, a ds_config, a report, a summary) safely: regular files only,
+    at most `max_bytes`, and any way it can fail (not UTF-8, not JSON, nested too deeply, out of memory)
+    is one UserError line naming the file and `what` it should be (e.g. "a DeepSpeed config")."""
+    data = read_bytes(path, what, max_bytes)
+    path = os.fspath(path)
+    if not data.strip():
+        raise UserError(f"empty file, not {what}", path)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise UserError(f"not {what}: JSON nested too deeply", path) from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"not {what}: not UTF-8 text ({exc.reason} at byte {exc.start})", path) from None
+    except ValueError as exc:
+        raise UserError(f"not {what}: invalid JSON ({exc})", path) from None
+    except MemoryError:
+        raise UserError(f"out of memory while reading {what}", path) from None
+
+
+def _size_text(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def _output_target(path: str, force: bool) -> str:
+    """The file that writing `path` replaces or creates: `path` itself, or, for a symbolic link and `force`,
+    the file it points to (the link is kept). UserError for anything that may not be written."""
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        try:
+            st: os.stat_result | None = os.stat(path)
+        except OSError:
+            st = None
+        if st is None:
+            raise UserError(
+                "is a symbolic link to a file that does not exist (or a link loop); remove it or choose another path",
+                path,
+            )
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError("is a symbolic link to a directory, not a file path", path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"is a symbolic link to {_kind(st.st_mode)}; choose a file path", path)
+        if not force:
+            raise UserError(f"already exists (a symbolic link to {target}); pass --force to overwrite that file", path)
+        return target
+    try:
+        st = os.lstat(path)
     except FileNotFoundError:
-        raise UserError("no such file", os.fspath(path)) from None
-    except IsADirectoryError:
-        raise UserError(f"is a directory, not {expected}", os.fspath(path)) from None
-    except OSError as exc:
-        raise UserError(f"cannot read: {exc.strerror}", os.fspath(path)) from None
+        st = None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot write: {getattr(exc, 'strerror', None) or exc}", path) from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError("is a directory, not a file path", path)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"is {_kind(st.st_mode)}; choose a file path", path)
+        if not force:
+            raise UserError("already exists; pass --force to overwrite it", path)
+    return path
 
 
 def check_target(path: str | os.PathLike[str], force: bool = False) -> None:
-    """Raise UserError unless `path` may be written: it must not exist (or `force`), and its folder must."""
+    """Raise UserError unless `path` may be written: it must not exist (or `force`), must not be a directory,
+    a FIFO, a device or a dangling symbolic link, and its folder must exist. (Checked again, atomically, by
+    `atomic_write`: this check only fails early, before a long analysis.)"""
     path = os.fspath(path)
-    if not force and os.path.exists(path):
-        raise UserError("already exists; pass --force to overwrite it", path)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+    target = _output_target(path, force)
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
         raise UserError("its folder does not exist", path)
 
 
-def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = False, durable: bool = True) -> None:
-    """Write `data` to `path` through a temp file in the same folder and a rename, so that readers see either
-    the old file or the whole new one.
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
-    Raises UserError when `path` exists and `force` is false, or when its folder cannot be written.
-    `durable` fsyncs before the rename (reports); capture's own status files skip it (a sync per file costs
-    the training step ~100 ms on a busy disk, and they are rewritten anyway).
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = False, durable: bool = True) -> None:
+    """Write `data` to `path` through a temp file in the same folder, so that readers see either the old file or
+    the whole new one, and no temp file is left behind whatever happens (a full disk, a signal).
+
+    Without `force` the file must not exist, and this holds atomically: the temp file is published with a hard
+    link, which fails if another writer created `path` meanwhile (two runs writing the same `-o`: one of them
+    gets the error); where the file system has no hard links, with an exclusive create. With `force` it is
+    renamed over the old file. A symbolic link is never replaced: without `force` it is refused, with `force`
+    the file it points to is replaced (atomically, in that file's folder) and the link kept.
+
+    Every failure (the path exists, is a directory, its folder cannot be written, the disk is full) is a
+    UserError naming `path`. `durable` fsyncs before publishing (reports); capture's own status files skip it
+    (a sync per file costs the training step ~100 ms on a busy disk, and they are rewritten anyway).
     """
     path = os.fspath(path)
-    check_target(path, force)
-    folder = os.path.dirname(os.path.abspath(path))
+    target = _output_target(path, force)
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
+        raise UserError("its folder does not exist", path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise UserError(f"cannot write: {exc.strerror}", path) from None
+        raise UserError(f"cannot write: {exc.strerror or exc}", path) from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
+        try:
+            _write_all(fd, raw)
             if durable:
-                f.flush()
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
+        if force:
+            os.replace(tmp, target)
+        else:
+            _publish_new(tmp, target, raw, durable)
+    except FileExistsError:
+        raise UserError("already exists; pass --force to overwrite it", path) from None
+    except IsADirectoryError:
+        raise UserError("is a directory, not a file path", path) from None
+    except OSError as exc:
+        raise UserError(f"cannot write: {exc.strerror or exc}", path) from None
+    finally:
+        with contextlib.suppress(OSError):  # gone when renamed into place
             os.unlink(tmp)
+
+
+def _publish_new(tmp: str, target: str, raw: bytes, durable: bool) -> None:
+    """Make the complete temp file appear as `target`, failing with FileExistsError if `target` exists."""
+    try:
+        os.link(tmp, target)
+        return
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) or exc.errno not in _NO_LINK:
+            raise
+    # no hard links here: create-exclusive, then write (a reader may see it grow, but nothing is replaced)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        _write_all(fd, raw)
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(target)
         raise
+    os.close(fd)

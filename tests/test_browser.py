@@ -9,13 +9,25 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_html_fixtures import XSS_IMG, XSS_SCRIPT, make_finding, make_report, make_timeline
+from builders import (
+    XSS_IMG,
+    XSS_SCRIPT,
+    as_report,
+    make_finding,
+    make_report,
+    make_timeline,
+    report_doc,
+    shared_traces_dir,
+)
 
-from overlapcheck.report.html import render_html
+from overlapcheck.model import Report
+from overlapcheck.report.html import HtmlRenderer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+SHARED = shared_traces_dir()
+DLRM = SHARED / "dlrm-8rank-v100" if SHARED is not None else None
 # records alert/confirm/prompt instead of blocking on them; runs before any page script (exempt from CSP)
 TRAP = (
     "window.__dialogs = [];"
@@ -70,16 +82,20 @@ def console_errors(driver) -> list[dict]:
     return [e for e in driver.get_log("browser") if e.get("level") in ("SEVERE", "ERROR")]
 
 
-def showcase_report() -> dict:
+def render_html(report: Report) -> str:
+    return HtmlRenderer().render(report)
+
+
+def showcase_report() -> Report:
     """8 ranks, a straggler, two findings, timelines; rank 2's kernel names and rank 1's file are payloads."""
-    report = make_report(
+    doc = report_doc(
         8,
         overlaps=[0.72, 0.7, 0.55, 0.74, 0.7, 0.71, 0.69, 0.73],
         compute=[80_000.0] * 7 + [91_000.0],
         findings=[
             make_finding(),
             make_finding(
-                rule="straggler-compute",
+                rule="straggler",
                 severity="warning",
                 cost_us=1_100.0,
                 title=f"Rank 7 computes 14% longer than the median {XSS_IMG}",
@@ -90,10 +106,9 @@ def showcase_report() -> dict:
             ),
         ],
     )
-    report["ranks"][1]["source"] = XSS_SCRIPT
-    report["ranks"][1]["host"] = XSS_IMG
-    report["timelines"] = {str(r): make_timeline(seed=r, kernel_name=XSS_SCRIPT if r == 2 else None) for r in range(8)}
-    return report
+    doc["ranks"][1]["source"] = XSS_SCRIPT
+    doc["ranks"][1]["host"] = XSS_IMG
+    return as_report(doc, {r: make_timeline(seed=r, kernel_name=XSS_SCRIPT if r == 2 else None) for r in range(8)})
 
 
 def test_report_page_in_chromium(driver, tmp_path):
@@ -126,9 +141,9 @@ def test_report_page_in_chromium(driver, tmp_path):
     geometry = driver.execute_script(
         "var r = arguments[0].getBoundingClientRect(); return [r.width, r.height];", canvas
     )
-    tl = report["timelines"]["2"]
-    ev = [e for e in tl["events"] if e[0] == 0][5]
-    end = max(max(e[1] + e[2] for e in tl["events"]), max(iv[1] for iv in tl["exposed"]))
+    tl = report.timelines[2]
+    ev = [e for e in tl.events if e[0] == 0][5]
+    end = max(max(e[1] + e[2] for e in tl.events), max(iv[1] for iv in tl.exposed))
     x = 150 + (ev[1] + ev[2] / 2) / end * (geometry[0] - 150 - 6)
     y = 26 + 26 * 1.5  # axis, then the exposed row, then the compute lane
     ActionChains(driver).move_to_element_with_offset(
@@ -141,7 +156,7 @@ def test_report_page_in_chromium(driver, tmp_path):
     driver.save_screenshot(str(_artifact("report-timeline-hover.png")))
 
     # wheel-zoom onto the exposed reduce-scatter at the end of the step
-    exposed_x = 150 + (tl["exposed"][0][0] + 300) / end * (geometry[0] - 150 - 6)
+    exposed_x = 150 + (tl.exposed[0][0] + 300) / end * (geometry[0] - 150 - 6)
     for _ in range(8):
         driver.execute_script(
             "var c = arguments[0], r = c.getBoundingClientRect();"
@@ -177,8 +192,11 @@ def test_report_page_in_chromium(driver, tmp_path):
 def test_64_rank_page_loads(driver, tmp_path):
     from selenium.webdriver.common.by import By
 
-    report = make_report(64, overlaps=[0.6 + 0.004 * r for r in range(64)])
-    report["timelines"] = {str(r): make_timeline(seed=r, n_compute=4_000, n_comm=200) for r in range(64)}
+    report = make_report(
+        64,
+        overlaps=[0.6 + 0.004 * r for r in range(64)],
+        timelines={r: make_timeline(seed=r, n_compute=4_000, n_comm=200) for r in range(64)},
+    )
     path = tmp_path / "report64.html"
     path.write_text(render_html(report), encoding="utf-8")
     open_page(driver, path)
@@ -193,7 +211,7 @@ def test_64_rank_page_loads(driver, tmp_path):
     _full_page_screenshot(driver, "report64.png")
 
 
-@pytest.mark.skipif(not Path("/work/shared/traces/dlrm-8rank-v100").is_dir(), reason="needs the real DLRM traces")
+@pytest.mark.skipif(DLRM is None or not DLRM.is_dir(), reason="needs the real DLRM traces")
 def test_real_dlrm_report_in_chromium(driver, tmp_path):
     from click.testing import CliRunner
     from selenium.webdriver.common.by import By
@@ -205,7 +223,7 @@ def test_real_dlrm_report_in_chromium(driver, tmp_path):
         main,
         [
             "analyze",
-            "/work/shared/traces/dlrm-8rank-v100",
+            str(DLRM),
             "--format",
             "json",
             "-o",

@@ -112,16 +112,16 @@ def _assert_captured(out: Path, command: list[str], launcher: str) -> dict[str, 
 
 def _assert_report_sees_zero3_collectives(out: Path) -> None:
     """The report (from the per-rank summaries) finds reduce-scatters and all-gathers on every rank."""
-    from overlapcheck.analysis import analyze_paths
+    from overlapcheck.pipeline import analyze
 
-    report = analyze_paths([str(out)], jobs=1)
-    assert report["errors"] == []
-    assert [r["rank"] for r in report["ranks"]] == [0, 1]
-    for rank in report["ranks"]:
-        assert rank["lanes"] == "cpu"
-        assert rank["collectives"]["reduce_scatter"]["count"] > 0, rank["rank"]
-        assert rank["collectives"]["all_gather"]["count"] > 0, rank["rank"]
-    assert report["run"]["world_size"] == 2
+    report = analyze(out, jobs=1)
+    assert report.errors == []
+    assert [r.rank for r in report.ranks] == [0, 1]
+    for rank in report.ranks:
+        assert rank.lanes == "cpu"
+        assert rank.collectives["reduce_scatter"].count > 0, rank.rank
+        assert rank.collectives["all_gather"].count > 0, rank.rank
+    assert report.run is not None and report.run["world_size"] == 2
 
 
 def test_deepspeed_launcher(tmp_path):
@@ -288,3 +288,35 @@ def test_multi_node_deepspeed_gets_the_capture_env_through_its_env_file(tmp_path
     run = _assert_captured(out, command, "deepspeed")
     assert run["env"]["NCCL_DEBUG"] == "WARN"  # the user's env-file line reached the ranks
     assert (tmp_path / ".deepspeed_env").read_text() == user_env
+
+
+def test_a_job_that_ends_inside_the_window_is_said_incomplete(tmp_path):
+    out = tmp_path / "run"
+    # the window records steps 3 and 4; the job stops after step 3
+    code, output = _run(out, [sys.executable, str(JOBS / "train_plain.py"), "--steps", "4"], tmp_path)
+    assert code == 0, output[-3000:]
+    assert "capture incomplete on 1 ranks" in output and "steps 3-3 of 3-4 recorded" in output
+    run = _manifest(out)
+    (rank,) = run["ranks"]
+    assert rank["capture"]["status"] == "failed" and rank["capture"]["complete"] is False
+    assert rank["capture"]["steps_captured"] == {"first": 3, "last": 3}
+    assert run["incomplete_ranks"] == [0] and any("capture incomplete" in n for n in run["notes"])
+    assert (out / "rank0.trace.json.gz").is_file()
+
+
+def test_a_helper_process_that_inherits_rank_does_not_capture_it(tmp_path):
+    import gzip
+
+    out, pids = tmp_path / "run", tmp_path / "pids"
+    code, output = _run(
+        out, [sys.executable, str(JOBS / "helper_job.py"), str(pids)], tmp_path, RANK="0", WORLD_SIZE="1"
+    )
+    assert code == 0, output[-3000:]
+    who = dict(line.split() for line in pids.read_text().splitlines())
+    assert "also steps an optimizer as rank 0" in output
+    run = _manifest(out)
+    (rank,) = run["ranks"]
+    assert rank["pid"] == int(who["main"]) and rank["capture"]["status"] == "ok", rank
+    events = json.loads(gzip.decompress((out / "rank0.trace.json.gz").read_bytes()))["traceEvents"]
+    pids_in_trace = {e.get("pid") for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"}
+    assert pids_in_trace == {int(who["main"])}

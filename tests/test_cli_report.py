@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from conftest import kernel, step, write_trace
-from test_bad_input import run_cli
+from builders import kernel, run_cli, step, write_trace
 
-from overlapcheck.analysis.metrics import COLLECTIVE_KEYS
+from overlapcheck.model import COLLECTIVE_KEYS
 
 SPLIT_KEYS = {"count", "time_us", "overlapped_us", "exposed_us", "overlap"}
 RANK_KEYS = {
@@ -81,12 +80,18 @@ def test_text_report(tmp_path):
     proc = run_cli("analyze", str(make_set(tmp_path)))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "50.0%" in out and "reduce_scatter" in out and "RS" in out
-    assert "partly hidden" in out
+    assert "50.0%" in out and "reduce-scatter" in out and "RS overlap" in out
+    # the verdict weighs the exposed share of the step: 5 of the step's 15 µs are exposed communication
+    assert "Exposed communication is costing step time" in out and "33.3% of step time" in out
+    for column in ("kernels/step", "worst overlap (rank)", "exposed ms/step", "total ms/step"):
+        assert column in out
+    assert "Per rank, lowest overlap first" in out
+    for column in ("exposed % of step", "step ms", "idle ms total"):
+        assert column in out
 
 
 def test_text_report_to_file(tmp_path):
     out = tmp_path / "report.txt"
     proc = run_cli("analyze", str(make_set(tmp_path / ".")), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "reduce_scatter" in out.read_text()
+    assert "reduce-scatter" in out.read_text() and "50.0%" in out.read_text()

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from overlapcheck.analysis.pipeline import analyze_paths
+from overlapcheck.model import Finding
+from overlapcheck.pipeline import analyze
 
 FINDING_KEYS = {"rule", "severity", "title", "why", "cost_us", "ranks", "steps", "evidence", "fix"}
 
@@ -21,22 +22,22 @@ def raw_events(path: Path) -> list[dict[str, Any]]:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
-def findings(path: Path) -> list[dict[str, Any]]:
-    report = analyze_paths([str(path)], jobs=1)
-    out = report["findings"]
-    assert [f["cost_us"] for f in out] == sorted((f["cost_us"] for f in out), reverse=True)
-    for f in out:
-        assert set(f) == FINDING_KEYS, f["rule"]
-        assert f["severity"] in ("critical", "warning", "info") and f["cost_us"] >= 0
+def findings(path: Path) -> list[Finding]:
+    report = analyze(path, jobs=1)
+    out = report.findings
+    assert [f.cost_us for f in out] == sorted((f.cost_us for f in out), reverse=True)
+    for f, doc in zip(out, report.to_dict()["findings"], strict=True):
+        assert set(doc) == FINDING_KEYS, f.rule
+        assert f.severity in ("critical", "warning", "info") and f.cost_us >= 0
     return out
 
 
-def sync_counts(found: list[dict[str, Any]]) -> Counter[str]:
+def sync_counts(found: list[Finding]) -> Counter[str]:
     counts: Counter[str] = Counter()
     for f in found:
-        if f["rule"] == "host-sync":
-            for call in f["evidence"]["calls"]:
-                counts[call] += f["evidence"]["count"]
+        if f.rule == "host-sync":
+            for call in f.evidence["calls"]:
+                counts[call] += f.evidence["count"]
     return counts
 
 
@@ -47,22 +48,22 @@ def test_benchmark_syncs_are_all_found_with_their_call_sites(shared_traces: Path
     counts = sync_counts(found)
     assert counts["cudaStreamSynchronize"] == raw["cudaStreamSynchronize"] == 16
     assert counts["cudaDeviceSynchronize"] == raw["cudaDeviceSynchronize"] == 5
-    copy_sync = next(f for f in found if f["evidence"]["calls"] == ["cudaStreamSynchronize"])
-    assert copy_sync["evidence"]["call_site"] == "aten::copy_ < aten::_to_copy < aten::to"  # .to(device) copies
+    copy_sync = next(f for f in found if f.evidence["calls"] == ["cudaStreamSynchronize"])
+    assert copy_sync.evidence["call_site"] == "aten::copy_ < aten::_to_copy < aten::to"  # .to(device) copies
     # the pageable host-to-device copies that block the host in cudaMemcpyAsync are reported too
     assert counts["cudaMemcpyAsync"] > 0
     # one GPU, no collectives: besides syncs, only the default stream waiting for the side streams' kernels
-    assert {f["rule"] for f in found} == {"host-sync", "cross-stream-wait"}
+    assert {f.rule for f in found} == {"host-sync", "cross-stream-wait"}
     waits = {
         e["args"]["wait_on_stream"]
         for e in raw_events(path)
         if e.get("name") == "Stream Wait Event" and e["args"]["stream"] == 7
     }
-    wait = next(f for f in found if f["rule"] == "cross-stream-wait")
-    assert wait["evidence"]["waited_for"] == "non-communication work" and wait["evidence"]["compute_stream"] == 7
-    assert set(wait["evidence"]["waited_on_streams"]) <= waits
+    wait = next(f for f in found if f.rule == "cross-stream-wait")
+    assert wait.evidence["waited_for"] == "non-communication work" and wait.evidence["compute_stream"] == 7
+    assert set(wait.evidence["waited_on_streams"]) <= waits
     raw_waits = [e for e in raw_events(path) if e.get("name") == "Stream Wait Event" and e["args"]["stream"] == 7]
-    assert wait["evidence"]["stream_wait_events_per_step"] == len(raw_waits)  # no ProfilerStep: one step
+    assert wait.evidence["stream_wait_events_per_step"] == len(raw_waits)  # no ProfilerStep: one step
 
 
 def test_event_sync_trace_counts_only_the_blocking_sync(shared_traces: Path) -> None:
@@ -83,15 +84,15 @@ def test_dlrm_straggler_is_the_rank_that_others_wait_for(shared_traces: Path) ->
     folder = shared_traces / "dlrm-8rank-v100"
     per_worker = {int(p.name[len("worker")]): nccl_time(p) for p in folder.glob("worker*.json.gz")}
     expected = min(per_worker, key=per_worker.get)  # shortest NCCL kernels: it never waits for the others
-    straggler = [f for f in findings(folder) if f["rule"] == "straggler"]
-    assert len(straggler) == 1 and straggler[0]["ranks"] == [expected] == [7]
-    ev = straggler[0]["evidence"]
+    straggler = [f for f in findings(folder) if f.rule == "straggler"]
+    assert len(straggler) == 1 and straggler[0].ranks == [expected] == [7]
+    ev = straggler[0].evidence
     assert ev["own_wait_us_per_step"] < ev["others_wait_us_per_step"]["median"]
 
 
 def test_subsampled_pair_has_no_straggler(shared_traces: Path) -> None:
     # both ranks of the sub-sampled 128-rank job wait about as long as each other
-    assert not [f for f in findings(shared_traces / "sampled-2rank") if f["rule"] == "straggler"]
+    assert not [f for f in findings(shared_traces / "sampled-2rank") if f.rule == "straggler"]
 
 
 def test_ddp_event_syncs_are_attributed_to_the_forward(shared_traces: Path) -> None:
@@ -99,8 +100,8 @@ def test_ddp_event_syncs_are_attributed_to_the_forward(shared_traces: Path) -> N
     raw = Counter(e["name"] for e in raw_events(path) if e.get("cat") == "cuda_runtime")
     found = findings(path)
     assert sync_counts(found)["cudaEventSynchronize"] == raw["cudaEventSynchronize"] == 24
-    syncs = [f for f in found if f["rule"] == "host-sync"]
-    sites = {f["evidence"]["call_site"] for f in syncs if "cudaEventSynchronize" in f["evidence"]["calls"]}
+    syncs = [f for f in found if f.rule == "host-sync"]
+    sites = {f.evidence["call_site"] for f in syncs if "cudaEventSynchronize" in f.evidence["calls"]}
     assert sites == {"DistributedDataParallel.forward < ## forward ##"}
 
 
@@ -119,10 +120,8 @@ def test_python_stack_names_the_innermost_user_frame(shared_traces: Path) -> Non
         and not e["name"].startswith(("torch/", "transformers/"))
     ]
     innermost = max(enclosing, key=lambda e: e["ts"])["name"]
-    found = [
-        f for f in findings(path) if f["rule"] == "host-sync" and f["evidence"]["calls"] == ["cudaStreamSynchronize"]
-    ]
-    assert found[0]["evidence"]["call_site"] == innermost
+    found = [f for f in findings(path) if f.rule == "host-sync" and f.evidence["calls"] == ["cudaStreamSynchronize"]]
+    assert found[0].evidence["call_site"] == innermost
 
 
 @pytest.mark.parametrize(
@@ -134,5 +133,5 @@ def test_python_stack_names_the_innermost_user_frame(shared_traces: Path) -> Non
     ],
 )
 def test_traces_without_collective_kernels_get_no_overlap_findings(shared_traces: Path, name: str) -> None:
-    rules = {f["rule"] for f in findings(shared_traces / name)}
+    rules = {f.rule for f in findings(shared_traces / name)}
     assert rules <= {"host-sync"}

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from overlapcheck.analysis.pipeline import analyze_paths
+from overlapcheck.pipeline import analyze
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 TOLERANCE = 0.10
@@ -26,7 +26,7 @@ def presets() -> list[str]:
 @cache
 def diagnosis(preset: str) -> tuple[dict[str, Any], dict[str, Any]]:
     truth = json.loads((SAMPLES / preset / "truth.json").read_text())
-    return truth, analyze_paths([str(SAMPLES / preset)], jobs=2)
+    return truth, analyze(SAMPLES / preset, jobs=2).to_dict()  # the document, to compare with truth.json
 
 
 def causes(preset: str, share: float) -> list[dict[str, Any]]:
@@ -89,7 +89,7 @@ def test_combined_presets_list_each_planted_cause(scenario: str, tmp_path: Path)
     from overlapcheck.simulate import generate
 
     truth = generate(scenario, tmp_path / "set", nodes=2, gpus_per_node=1)
-    report = analyze_paths([str(tmp_path / "set")], jobs=2)
+    report = analyze(tmp_path / "set", jobs=2).to_dict()
     found = {f["rule"]: f for f in report["findings"]}
     for cause in truth["causes"]:
         assert cause["rule"] in found, f"{cause['rule']} not found; findings: {list(found)}"

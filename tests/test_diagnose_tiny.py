@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conftest import kernel, launch, step, write_trace
+from builders import kernel, launch, step, write_trace
 
-from overlapcheck.analysis.pipeline import Options, analyze_paths
-from overlapcheck.diagnose.callsite import functions, is_site, is_user, parse_frame
-from overlapcheck.diagnose.finding import config_value, make_fix, round_size, severity_of
+from overlapcheck.diagnose import severity_of
+from overlapcheck.diagnose.facts.callsite import functions, is_site, is_user, parse_frame
+from overlapcheck.diagnose.finding import config_value, make_fix, round_size
+from overlapcheck.diagnose.registry import BY_ID
+from overlapcheck.model import Finding, Fix, Report
+from overlapcheck.pipeline import analyze
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
 RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -37,12 +40,12 @@ def cpu_op(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
     return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
 
 
-def diagnose(folder: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    return analyze_paths([str(folder)], jobs=1, options=Options(config=config))
+def diagnose(folder: Path, config: dict[str, Any] | None = None) -> Report:
+    return analyze(folder, ds_config=config, jobs=1)
 
 
-def rules(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {f["rule"]: f for f in report["findings"]}
+def rules(report: Report) -> dict[str, Finding]:
+    return {f.rule: f for f in report.findings}
 
 
 def sync_trace(tmp_path: Path, frames: list[str], call: str = "cudaStreamSynchronize") -> Path:
@@ -71,25 +74,23 @@ def test_epilogue_sync_is_attributed_to_deepspeed_frame_with_its_starvation_cost
     ]
     found = rules(diagnose(sync_trace(tmp_path, frames)))
     f = found["epilogue-sync"]
-    assert f["cost_us"] == 35.0  # [100, 135): queue empty until the next launch
-    assert (
-        f["evidence"]["call_site"] == "deepspeed/runtime/zero/stage3.py(1407): independent_gradient_partition_epilogue"
-    )
-    assert f["severity"] == "info"  # capped: the last bucket is always exposed
+    assert f.cost_us == 35.0  # [100, 135): queue empty until the next launch
+    assert f.evidence["call_site"] == "deepspeed/runtime/zero/stage3.py(1407): independent_gradient_partition_epilogue"
+    assert f.severity == "info"  # capped: the last bucket is always exposed
     assert "host-sync" not in found
 
 
 def test_comms_logger_and_timer_syncs_are_recognised_by_their_frames(tmp_path: Path) -> None:
     logger = ["deepspeed/comm/comm.py(111): log_wrapper", "deepspeed/accelerator/cuda_accelerator.py(88): synchronize"]
     f = rules(diagnose(sync_trace(tmp_path / "a", logger, "cudaDeviceSynchronize")))["comms-logger-sync"]
-    assert f["fix"] == {"config": {"comms_logger.enabled": False}}
-    assert f["evidence"]["call_site"] == "deepspeed/comm/comm.py(111): log_wrapper"  # plumbing skipped
+    assert f.fix == Fix(config={"comms_logger.enabled": False})
+    assert f.evidence["call_site"] == "deepspeed/comm/comm.py(111): log_wrapper"  # plumbing skipped
     timer = ["deepspeed/utils/timer.py(231): start", "deepspeed/accelerator/cuda_accelerator.py(88): synchronize"]
     f = rules(diagnose(sync_trace(tmp_path / "b", timer, "cudaDeviceSynchronize")))["throughput-timer-sync"]
-    assert f["fix"] == {"config": {"timers.throughput.synchronized": False}, "upgrade": "deepspeed>=0.14.3"}
+    assert f.fix == Fix(config={"timers.throughput.synchronized": False}, upgrade="deepspeed>=0.14.3")
     configured = {"timers": {"throughput": {"enabled": True, "synchronized": True}}}
     f = rules(diagnose(sync_trace(tmp_path / "b", timer, "cudaDeviceSynchronize"), configured))
-    assert f["throughput-timer-sync"]["fix"] == {"config": {"timers.throughput.synchronized": False}}
+    assert f["throughput-timer-sync"].fix == Fix(config={"timers.throughput.synchronized": False})
 
 
 def test_generic_sync_without_stacks_names_enclosing_ops(tmp_path: Path) -> None:
@@ -106,8 +107,8 @@ def test_generic_sync_without_stacks_names_enclosing_ops(tmp_path: Path) -> None
     ]
     write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=1)
     f = rules(diagnose(folder))["host-sync"]
-    assert f["evidence"]["call_site"] == "aten::_local_scalar_dense < aten::item"
-    assert f["cost_us"] == 35.0 and f["fix"] == {}
+    assert f.evidence["call_site"] == "aten::_local_scalar_dense < aten::item"
+    assert f.cost_us == 35.0 and f.fix == Fix() and not f.fix
 
 
 def test_sync_that_leaves_work_queued_costs_nothing(tmp_path: Path) -> None:
@@ -121,7 +122,7 @@ def test_sync_that_leaves_work_queued_costs_nothing(tmp_path: Path) -> None:
         kernel(GEMM, 100, 50, corr=3),
     ]
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=1)
-    assert rules(diagnose(tmp_path))["host-sync"]["cost_us"] == 0.0
+    assert rules(diagnose(tmp_path))["host-sync"].cost_us == 0.0
 
 
 def backward_trace(tmp_path: Path, rs_during_backward: bool) -> Path:
@@ -149,10 +150,10 @@ def test_reduce_scatter_after_backward_is_deferred_and_fix_sized_from_parameters
         "_overlapcheck_model": {"parameters": 1000},
     }
     f = rules(diagnose(backward_trace(tmp_path, False), config))["reduce-scatter-deferred"]
-    assert f["evidence"]["deferred_share"] == 1.0
-    assert f["fix"] == {"config": {"zero_optimization.reduce_bucket_size": 250}}  # a quarter of 1000 params
-    assert 0 < f["cost_us"] <= 400.0
-    assert "1,000 trainable parameters" in f["why"]
+    assert f.evidence["deferred_share"] == 1.0
+    assert f.fix == Fix(config={"zero_optimization.reduce_bucket_size": 250})  # a quarter of 1000 params
+    assert 0 < f.cost_us <= 400.0
+    assert "1,000 trainable parameters" in f.why
 
 
 def test_reduce_scatter_during_backward_is_not_deferred(tmp_path: Path) -> None:
@@ -161,7 +162,10 @@ def test_reduce_scatter_during_backward_is_not_deferred(tmp_path: Path) -> None:
 
 def test_fix_never_repeats_what_the_config_sets() -> None:
     config = {"zero_optimization": {"reduce_bucket_size": 50_000_000, "stage3_prefetch_bucket_size": 0}}
-    assert make_fix(config, {"zero_optimization.reduce_bucket_size": 50_000_000}) == {}
+    assert make_fix(config, {"zero_optimization.reduce_bucket_size": 50_000_000}) == Fix()
+    assert make_fix(config, {"zero_optimization.reduce_bucket_size": 1}) == Fix(
+        config={"zero_optimization.reduce_bucket_size": 1}
+    )
     assert config_value(config, "zero_optimization.stage3_prefetch_bucket_size") == 0
     assert (
         config_value(
@@ -169,10 +173,21 @@ def test_fix_never_repeats_what_the_config_sets() -> None:
         )
         == 7
     )
-    assert make_fix(None, env={"CUDA_DEVICE_MAX_CONNECTIONS": None}) == {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}
+    assert make_fix(None, env={"CUDA_DEVICE_MAX_CONNECTIONS": None}) == Fix(env={"CUDA_DEVICE_MAX_CONNECTIONS": None})
     assert round_size(58_571_428) == 59_000_000 and round_size(250) == 250
-    assert severity_of(20, 100) == "critical" and severity_of(5, 100) == "warning" and severity_of(1, 100) == "info"
-    assert severity_of(50, 100, cap="info") == "info"
+
+
+def test_severity_from_the_share_of_the_step_and_the_rule() -> None:
+    plain = BY_ID["host-sync"]  # default shares (10 %, 3 %), no cap
+    assert severity_of(20, 100, plain) == "critical"
+    assert severity_of(5, 100, plain) == "warning"
+    assert severity_of(1, 100, plain) == "info"
+    assert severity_of(50, 0, plain) == "info"  # no step time: no share
+    assert severity_of(50, 100, BY_ID["epilogue-sync"]) == "info"  # capped at info
+    assert severity_of(50, 100, BY_ID["tiny-collectives"]) == "warning"  # capped at warning
+    waits = BY_ID["cross-stream-wait"]  # partly inherent: needs 15 % / 5 %
+    assert severity_of(12, 100, waits) == "warning" and severity_of(4, 100, waits) == "info"
+    assert severity_of(15, 100, waits) == "critical"
 
 
 def test_frames_classified_as_deepspeed_user_or_library() -> None:
@@ -206,9 +221,9 @@ def test_shared_communicator_and_serialized_all_gather(tmp_path: Path) -> None:
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     found = rules(diagnose(tmp_path, {"_overlapcheck_job": {"gpus_per_node": 8}}))
     f = found["same-communicator"]
-    assert f["evidence"]["process_group"] == "2"
-    assert f["cost_us"] == 301.0  # the all-gather was ready at -1 and waited until 300 (within the 400 µs stall)
-    assert f["fix"] == {"config": {"zero_optimization.zero_hpz_partition_size": 8}}
+    assert f.evidence["process_group"] == "2"
+    assert f.cost_us == 301.0  # the all-gather was ready at -1 and waited until 300 (within the 400 µs stall)
+    assert f.fix == Fix(config={"zero_optimization.zero_hpz_partition_size": 8})
     assert "cross-stream-wait" not in found  # the rest is the step's first all-gather: waited for in any case
 
 
@@ -233,8 +248,8 @@ def test_streams_that_never_overlap_point_to_max_connections(tmp_path: Path) -> 
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     found = rules(diagnose(tmp_path))
     f = found["no-stream-concurrency"]
-    assert f["cost_us"] == 399.0 and f["fix"] == {"env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}}
-    assert f["evidence"]["stalls_per_step"] == 2.0
+    assert f.cost_us == 399.0 and f.fix == Fix(env={"CUDA_DEVICE_MAX_CONNECTIONS": None})
+    assert f.evidence["stalls_per_step"] == 2.0
     assert "cross-stream-wait" not in found and "allgather-not-prefetched" not in found
 
 
@@ -253,19 +268,19 @@ def test_straggler_found_from_durations_despite_clock_offsets(tmp_path: Path) ->
             ]
         write_trace(tmp_path, f"rank{rank}.trace.json.gz", events, rank=rank, world_size=2)
     f = rules(diagnose(tmp_path))["straggler"]
-    assert f["ranks"] == [1] and f["evidence"]["last_to_arrive"] == "4/4 collectives"
-    assert f["cost_us"] == 1600.0  # rank 1 computes 400 µs longer before each of the 4 all-reduces
+    assert f.ranks == [1] and f.evidence["last_to_arrive"] == "4/4 collectives"
+    assert f.cost_us == 1600.0  # rank 1 computes 400 µs longer before each of the 4 all-reduces
 
 
 def test_fix_drops_upgrades_and_variables_the_job_already_has(tmp_path: Path) -> None:
     timer = ["deepspeed/utils/timer.py(231): start", "deepspeed/accelerator/cuda_accelerator.py(88): synchronize"]
     folder = sync_trace(tmp_path, timer, "cudaDeviceSynchronize")
     new = {"_overlapcheck_job": {"deepspeed": "0.15.1", "env": {}}}
-    assert rules(diagnose(folder, new))["throughput-timer-sync"]["fix"] == {
-        "config": {"timers.throughput.synchronized": False}
-    }
+    assert rules(diagnose(folder, new))["throughput-timer-sync"].fix == Fix(
+        config={"timers.throughput.synchronized": False}
+    )
     old = {"_overlapcheck_job": {"deepspeed": "0.13.3"}}
-    assert rules(diagnose(folder, old))["throughput-timer-sync"]["fix"]["upgrade"] == "deepspeed>=0.14.3"
+    assert rules(diagnose(folder, old))["throughput-timer-sync"].fix.upgrade == "deepspeed>=0.14.3"
 
 
 def test_many_small_all_gathers_are_latency_bound(tmp_path: Path) -> None:
@@ -282,6 +297,6 @@ def test_many_small_all_gathers_are_latency_bound(tmp_path: Path) -> None:
     write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
     config = {"zero_optimization": {"stage3_param_persistence_threshold": 100_000}}
     f = rules(diagnose(tmp_path, config))["tiny-collectives"]
-    assert f["cost_us"] == 800.0 and f["evidence"]["per_step"] == 40 and f["evidence"]["median_bytes"] == 2000
-    assert f["fix"] == {"config": {"zero_optimization.stage3_param_persistence_threshold": 1_000_000}}
-    assert f["severity"] == "warning"  # capped: latency-bound calls are a tuning matter
+    assert f.cost_us == 800.0 and f.evidence["per_step"] == 40 and f.evidence["median_bytes"] == 2000
+    assert f.fix == Fix(config={"zero_optimization.stage3_param_persistence_threshold": 1_000_000})
+    assert f.severity == "warning"  # capped: latency-bound calls are a tuning matter

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
-from test_html_fixtures import make_report
+from builders import make_report, report_doc
 
 from overlapcheck.errors import UserError
+from overlapcheck.model import Report, ReportFormatError
 from overlapcheck.report.gate import (
     GateConfig,
     append_step_summary,
@@ -16,12 +18,10 @@ from overlapcheck.report.gate import (
     parse_fraction,
     parse_min_overlap,
     parse_regressions,
-    rank_exposed_per_step,
     run_checks,
-    validate_report,
 )
 from overlapcheck.report.junit import render_junit
-from overlapcheck.report.markdown import render_markdown
+from overlapcheck.report.markdown import render_gate_markdown
 
 
 def by_id(checks):
@@ -64,20 +64,25 @@ def test_parse_regressions_defaults_to_all_and_allows_over_100_percent():
         ([], "not an overlapcheck report"),
         ({"schema": "other/1"}, "not an overlapcheck report"),
         ({"schema": "overlapcheck.report/2", "ranks": []}, "not supported"),
-        ({"schema": "overlapcheck.report/1", "ranks": {}}, "'ranks' is not a list"),
-        ({"schema": "overlapcheck.report/1", "ranks": [{"rank": 0}]}, "no 'collectives'"),
+        ({**report_doc(1), "ranks": {}}, "malformed report: ranks is not a list"),
+        (
+            {**report_doc(1), "ranks": [{k: v for k, v in report_doc(1)["ranks"][0].items() if k != "collectives"}]},
+            "malformed report: ranks[0].collectives is missing",
+        ),
     ],
 )
 def test_validate_report_rejects(doc, message):
-    with pytest.raises(UserError, match=message):
-        validate_report(doc)
+    with pytest.raises(ReportFormatError, match=re.escape(message)):
+        Report.from_dict(doc)
+    assert issubclass(ReportFormatError, UserError)  # one line, exit code 2
 
 
 def test_validate_report_accepts_minor_additions():
-    report = make_report(2)
-    report["schema"] = "overlapcheck.report/1"
+    report = report_doc(2)
+    report["schema"] = "overlapcheck.report/1.3"
     report["something_new"] = {"added": "in a later 1.x"}
-    validate_report(report)
+    report["ranks"][0]["new_metric"] = 1.0
+    assert Report.from_dict(report).ranks[0].rank == 0
 
 
 # -------------------------------------------------------------------------------------------- checks
@@ -110,7 +115,7 @@ def test_missing_collective_fails_with_reason():
 
 def test_max_exposed_share():
     report = make_report(2, overlaps=[0.7, 0.7])
-    share = report["ranks"][0]["exposed_share"]
+    share = report.ranks[0].exposed_share
     assert exit_code(run_checks(report, GateConfig(max_exposed_share=share + 0.001))) == 0
     assert exit_code(run_checks(report, GateConfig(max_exposed_share=share - 0.001))) == 1
 
@@ -119,8 +124,7 @@ def test_unreadable_inputs_and_empty_reports_fail():
     report = make_report(2, errors=[{"source": "rank7.json", "error": "truncated"}])
     check = by_id(run_checks(report, GateConfig(max_exposed_share=1.0)))["inputs"]
     assert not check.passed and "rank7.json" in check.detail
-    empty = make_report(1)
-    empty["ranks"] = []
+    empty = dataclasses.replace(make_report(1), ranks=[])
     assert not by_id(run_checks(empty, GateConfig(max_exposed_share=1.0)))["inputs"].passed
 
 
@@ -128,11 +132,12 @@ def test_unreadable_inputs_and_empty_reports_fail():
 
 
 def test_exposed_per_step_is_mean_over_steps():
-    rank = make_report(1)["ranks"][0]
-    per_step = [s["collectives"]["all"]["exposed_us"] for s in rank["steps"]]
-    assert rank_exposed_per_step(rank, "all") == pytest.approx(sum(per_step) / len(per_step))
-    rank["steps"] = []
-    assert rank_exposed_per_step(rank, "all") == pytest.approx(rank["collectives"]["all"]["exposed_us"])
+    rank = make_report(1).ranks[0]
+    per_step = [s.collectives["all"].exposed_us for s in rank.steps]
+    assert rank.exposed_per_step("all") == pytest.approx(sum(per_step) / len(per_step))
+    assert rank.exposed_per_step("all") == pytest.approx(rank.collectives["all"].exposed_us / 2)  # 2 equal steps
+    rank = dataclasses.replace(rank, steps=[])
+    assert rank.exposed_per_step("all") == pytest.approx(rank.collectives["all"].exposed_us)
 
 
 def test_baseline_regression_fails_beyond_relative_tolerance():
@@ -142,7 +147,7 @@ def test_baseline_regression_fails_beyond_relative_tolerance():
     check = by_id(run_checks(worse, config, baseline=base))["exposed-regression.all"]
     assert not check.passed
     assert "+50.0%" in check.measured and "worst rank 2" in check.detail
-    assert exit_code(run_checks(copy.deepcopy(base), config, baseline=base)) == 0
+    assert exit_code(run_checks(make_report(4, overlaps=[0.8] * 4), config, baseline=base)) == 0
 
 
 def test_baseline_comparisons_default_to_the_median_rank():
@@ -248,7 +253,7 @@ def test_junit_escapes_strings():
 
 
 def test_markdown_summary_table():
-    md = render_markdown(_mixed_checks(), "out/report.json", "base|line.json")
+    md = render_gate_markdown(_mixed_checks(), "out/report.json", "base|line.json")
     lines = md.splitlines()
     assert lines[0] == "### ❌ overlapcheck gate failed: 3 of 5 checks"
     assert "baseline `base|line.json`" in md
@@ -256,13 +261,13 @@ def test_markdown_summary_table():
     assert len(rows) == 5
     assert all(ln.replace("\\|", "").count("|") == 6 for ln in rows)
     assert rows[0].startswith("| ✅ | inputs read")
-    ok = render_markdown(run_checks(make_report(1), GateConfig(max_exposed_share=1.0)), "r.json")
+    ok = render_gate_markdown(run_checks(make_report(1), GateConfig(max_exposed_share=1.0)), "r.json")
     assert ok.startswith("### ✅ overlapcheck gate passed: 2 checks")
 
 
 def test_markdown_cells_cannot_break_the_table():
     report = make_report(1, errors=[{"source": "a|b\nc<script>.json", "error": "x"}])
-    md = render_markdown(run_checks(report, GateConfig(max_exposed_share=1.0)), "r.json")
+    md = render_gate_markdown(run_checks(report, GateConfig(max_exposed_share=1.0)), "r.json")
     row = [ln for ln in md.splitlines() if ln.startswith("| ❌")][0]
     assert "a\\|b c\\<script\\>.json" in row
     assert row.replace("\\|", "").count("|") == 6

@@ -6,8 +6,8 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from builders import report_doc
 from click.testing import CliRunner
-from test_html_fixtures import make_report
 
 from overlapcheck.cli import main
 
@@ -27,7 +27,7 @@ def gate(*args: str, env: dict | None = None):
 
 
 def test_pass_exit_0_with_table(write):
-    report = write("r.json", make_report(4, overlaps=[0.9, 0.85, 0.82, 0.88]))
+    report = write("r.json", report_doc(4, overlaps=[0.9, 0.85, 0.82, 0.88]))
     result = gate(report, "--min-overlap", "all=0.8", "--max-exposed-share", "25%")
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output and "all overlap (worst)" in result.output
@@ -35,20 +35,20 @@ def test_pass_exit_0_with_table(write):
 
 
 def test_threshold_missed_exit_1(write):
-    report = write("r.json", make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88]))
+    report = write("r.json", report_doc(4, overlaps=[0.9, 0.85, 0.6, 0.88]))
     result = gate(report, "--min-overlap", "reduce_scatter=0.8", "--min-overlap", "all=0.5")
     assert result.exit_code == 1
     assert "FAIL" in result.output and "gate: FAIL (1 of 3 checks failed)" in result.output
 
 
 def test_across_median(write):
-    report = write("r.json", make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88]))
+    report = write("r.json", report_doc(4, overlaps=[0.9, 0.85, 0.6, 0.88]))
     assert gate(report, "--min-overlap", "all=0.8", "--across", "median").exit_code == 0
 
 
 def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
-    base = write("base.json", make_report(4, overlaps=[0.8] * 4))
-    cur = write("cur.json", make_report(4, overlaps=[0.8, 0.8, 0.7, 0.8]))
+    base = write("base.json", report_doc(4, overlaps=[0.8] * 4))
+    cur = write("cur.json", report_doc(4, overlaps=[0.8, 0.8, 0.7, 0.8]))
     junit, md, summary = tmp_path / "gate.xml", tmp_path / "gate.md", tmp_path / "summary.md"
     result = gate(
         cur,
@@ -75,15 +75,15 @@ def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
 
 
 def test_baseline_unchanged_passes(write):
-    base = write("base.json", make_report(4))
+    base = write("base.json", report_doc(4))
     result = gate(base, "--baseline", base)
     assert result.exit_code == 0
     assert "gate: PASS (3 checks)" in result.output  # inputs, exposed regression, overlap drop
 
 
 def test_overlap_drop_exit_1(write):
-    base = write("base.json", make_report(4, overlaps=[0.8] * 4))
-    cur = write("cur.json", make_report(4, overlaps=[0.72] * 4))
+    base = write("base.json", report_doc(4, overlaps=[0.8] * 4))
+    cur = write("cur.json", report_doc(4, overlaps=[0.72] * 4))
     result = gate(cur, "--baseline", base, "--max-overlap-drop", "5%")
     assert result.exit_code == 1 and "-8.0 pts" in result.output
 
@@ -107,8 +107,8 @@ def test_overlap_drop_exit_1(write):
 def test_bad_input_exit_2_one_line(write, tmp_path, args, message):
     write("notjson.json", "{nope")
     write("other.json", {"traceEvents": []})
-    write("v2.json", {**make_report(1), "schema": "overlapcheck.report/2"})
-    write("ok.json", make_report(1))
+    write("v2.json", {**report_doc(1), "schema": "overlapcheck.report/2"})
+    write("ok.json", report_doc(1))
     result = CliRunner().invoke(main, ["gate", *[a.format(dir=tmp_path) for a in args]])
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
@@ -116,7 +116,7 @@ def test_bad_input_exit_2_one_line(write, tmp_path, args, message):
 
 
 def test_baseline_save_refuses_overwrite(write, tmp_path):
-    report = write("r.json", make_report(2))
+    report = write("r.json", report_doc(2))
     target = tmp_path / "base.json"
     result = CliRunner().invoke(main, ["baseline", "save", report, str(target)])
     assert result.exit_code == 0, result.output
@@ -133,3 +133,27 @@ def test_baseline_save_rejects_non_reports(write, tmp_path):
     result = CliRunner().invoke(main, ["baseline", "save", bad, str(tmp_path / "b.json")])
     assert result.exit_code == 2 and "not an overlapcheck report" in result.output
     assert not (tmp_path / "b.json").exists()
+
+
+def test_outputs_are_never_overwritten_without_force(write, tmp_path):
+    report = write("r.json", report_doc(2))
+    junit = tmp_path / "gate.xml"
+    junit.write_text("precious")
+    result = gate(report, "--min-overlap", "all=0.5", "--junit", str(junit))
+    assert result.exit_code == 2 and "already exists" in result.output and "--force" in result.output
+    assert junit.read_text() == "precious"
+    forced = gate(report, "--min-overlap", "all=0.5", "--junit", str(junit), "--force")
+    assert forced.exit_code == 0, forced.output
+    assert ET.parse(junit).getroot().find("testsuite") is not None
+
+
+@pytest.mark.parametrize("option", ["--junit", "--markdown"])
+@pytest.mark.parametrize("target", ["report", "baseline"])
+def test_an_output_never_replaces_an_input_even_with_force(write, tmp_path, option, target):
+    report = write("r.json", report_doc(2))
+    base = write("base.json", report_doc(2))
+    before = {p: (tmp_path / p).read_text() for p in ("r.json", "base.json")}
+    output = report if target == "report" else base
+    result = gate(report, "--baseline", base, option, output, "--force")
+    assert result.exit_code == 2 and "is given twice" in result.output, result.output
+    assert {p: (tmp_path / p).read_text() for p in before} == before

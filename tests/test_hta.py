@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 import reference as R
-from conftest import SHARED_TRACES
+from builders import shared_traces_dir
 
-from overlapcheck.analysis import analyze_paths
+from overlapcheck.pipeline import analyze
 
 pytestmark = [pytest.mark.hta, pytest.mark.filterwarnings("ignore:::hta")]
 
-if not SHARED_TRACES.is_dir():
+SHARED_TRACES = shared_traces_dir()
+if SHARED_TRACES is None:
     pytest.skip("../shared/traces is not present", allow_module_level=True)
 try:  # the package only: hta.trace_analysis (pandas, plotly) is imported by the tests that run it
     import hta  # noqa: F401
@@ -44,8 +45,8 @@ def raw(path: str) -> R.Trace:
 
 @cache
 def ours_pct(path: str) -> float:
-    report = analyze_paths([path], jobs=1)
-    return 100 * report["ranks"][0]["collectives"]["all"]["overlap"]
+    report = analyze(path, jobs=1)
+    return 100 * report.ranks[0].collectives["all"].overlap
 
 
 def job_files(row: R.ManifestRow) -> list[str]:
@@ -237,6 +238,6 @@ def test_no_communication_hta_nan_ours_null(tmp_path):
         table = TraceAnalysis(trace_dir=str(tmp_path)).get_comm_comp_overlap(visualize=False)
     assert any(issubclass(w.category, RuntimeWarning) and "divide" in str(w.message) for w in caught)
     assert math.isnan(float(table["comp_comm_overlap_pctg"].iloc[0]))
-    rank = analyze_paths([path], jobs=1)["ranks"][0]
-    assert rank["collectives"]["all"]["overlap"] is None
-    assert any("overlap is null" in n for n in rank["notes"])
+    rank = analyze(path, jobs=1).ranks[0]
+    assert rank.collectives["all"].overlap is None
+    assert any("overlap is null" in n for n in rank.notes)

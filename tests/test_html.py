@@ -3,67 +3,40 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import time
-from html.parser import HTMLParser
 
 import pytest
-from test_html_fixtures import XSS_IMG, XSS_SCRIPT, make_finding, make_report, make_timeline
-
-from overlapcheck.errors import UserError
-from overlapcheck.report.html import (
-    MAX_EVENTS_TOTAL,
-    MIN_EVENTS_RANK,
-    config_patch,
-    env_lines,
-    rank_ranges,
-    render_html,
-    write_html,
+from builders import (
+    XSS_IMG,
+    XSS_SCRIPT,
+    Page,
+    as_report,
+    make_finding,
+    make_report,
+    make_timeline,
+    report_doc,
+    summary_doc,
 )
 
-
-class Page(HTMLParser):
-    """Collects elements, attributes, script blocks and visible text of a page."""
-
-    def __init__(self, html: str):
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict]] = []
-        self.scripts: list[tuple[dict, str]] = []
-        self.text: list[str] = []
-        self._script: dict | None = None
-        self.feed(html)
-        self.close()
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-        if tag == "script":
-            self._script = dict(attrs)
-            self.scripts.append((self._script, ""))
-
-    def handle_endtag(self, tag):
-        if tag == "script":
-            self._script = None
-
-    def handle_data(self, data):
-        if self._script is not None:
-            attrs, body = self.scripts[-1]
-            self.scripts[-1] = (attrs, body + data)
-        else:
-            self.text.append(data)
-
-    def visible(self) -> str:
-        return " ".join(" ".join(self.text).split())
-
-    def json_blocks(self) -> list[dict]:
-        return [json.loads(body) for attrs, body in self.scripts if attrs.get("type") == "application/json"]
+from overlapcheck.errors import UserError
+from overlapcheck.fsutil import atomic_write
+from overlapcheck.model import Report, ReportFormatError, Summary, Timeline, TimelineLane, Tool
+from overlapcheck.report.html import MAX_EVENTS_TOTAL, MIN_EVENTS_RANK, HtmlRenderer, build_view
+from overlapcheck.report.present import combined_patch, config_patch, env_lines, rank_ranges
 
 
-def hostile_report() -> dict:
+def render_html(report: Report) -> str:
+    return HtmlRenderer().render(report)
+
+
+def hostile_report() -> Report:
     """Every string a trace or a user can control carries an HTML/JS payload."""
-    report = make_report(
+    doc = report_doc(
         4,
         findings=[
             make_finding(
@@ -75,23 +48,45 @@ def hostile_report() -> dict:
         ],
         errors=[{"source": XSS_SCRIPT, "error": XSS_IMG}],
     )
-    report["ranks"][1]["source"] = XSS_SCRIPT
-    report["ranks"][1]["host"] = XSS_IMG
-    report["ranks"][2]["notes"] = [XSS_SCRIPT]
-    report["run"] = {"launcher": XSS_IMG}
-    report["timelines"] = {
-        str(r): make_timeline(seed=r, kernel_name=XSS_SCRIPT if r % 2 else XSS_IMG) for r in range(4)
+    doc["ranks"][1]["source"] = XSS_SCRIPT
+    doc["ranks"][1]["host"] = XSS_IMG
+    doc["ranks"][2]["notes"] = [XSS_SCRIPT]
+    doc["run"] = {"launcher": XSS_IMG}
+    timelines = {
+        r: make_timeline(
+            seed=r, kernel_name=XSS_SCRIPT if r % 2 else XSS_IMG, compute_label=XSS_SCRIPT if r == 3 else "stream 7"
+        )
+        for r in range(4)
     }
-    report["timelines"]["3"]["lanes"][0]["label"] = XSS_SCRIPT
-    return report
+    return as_report(doc, timelines)
+
+
+def empty_report() -> Report:
+    """A report without ranks (every input unreadable, or none given)."""
+    doc = report_doc(1, findings=[])
+    doc["ranks"], doc["summary"] = [], {"ranks": 0, "metrics": {}}
+    return as_report(doc)
 
 
 # -------------------------------------------------------------------------------------------- content
 
 
 def test_page_has_every_section_and_the_numbers():
-    report = make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88], compute=[80_000.0] * 3 + [95_000.0])
-    report["timelines"] = {str(r): make_timeline(seed=r) for r in range(4)}
+    straggler = make_finding(
+        rule="straggler",
+        severity="warning",
+        cost_us=1_500.0,
+        title="Rank 3 arrives last at the collectives",
+        ranks=[3],
+        fix={},
+    )
+    report = make_report(
+        4,
+        overlaps=[0.9, 0.85, 0.6, 0.88],
+        compute=[80_000.0] * 3 + [95_000.0],
+        findings=[make_finding(), straggler],
+        timelines={r: make_timeline(seed=r) for r in range(4)},
+    )
     page = Page(render_html(report))
     ids = {a.get("id") for _, a in page.tags}
     assert {
@@ -112,11 +107,29 @@ def test_page_has_every_section_and_the_numbers():
     assert "Reduce-scatter runs after the last backward kernel" in text and "4.2 ms / step" in text
     rows = [a for t, a in page.tags if t == "tr" and a.get("class") == "worst"]
     assert len(rows) == 1
-    assert "+18.8%" in text  # rank 3 computes 95 ms vs a median of 80 ms: a possible straggler
+    # the stragglers are the report's straggler findings, with their cost per step and ranks
+    assert "Stragglers" in text and "Rank 3 arrives last at the collectives : 1.5 ms / step (rank 3)" in text
+    # rank 3 computes 95 ms vs 80 ms: its step (100.6 ms) is 18.4 % longer than rank 0's (85 ms)
+    assert "The slowest rank's step is 18.4% longer than the fastest's" in text
     options = [a["value"] for t, a in page.tags if t == "option"]
     assert options == ["0", "1", "2", "3"]
     config = page.json_blocks()[0]
     assert config["initialRank"] == 2  # the timeline opens on the worst rank
+    # the rank table: lowest overlap first, times per profiled step (each rank has 2 steps)
+    view = build_view(report)
+    assert [r["rank"] for r in view["ranks"]] == [2, 1, 3, 0]
+    by_rank = {r["rank"]: r for r in view["ranks"]}
+    assert by_rank[0]["step_time_us"] == pytest.approx(85_000.0 / 2)
+    assert by_rank[3]["compute_us"] == pytest.approx(95_000.0 / 2)
+    assert by_rank[2]["exposed_us"] == pytest.approx(30_000.0 * 0.4 / 2)  # 40 % of 30 ms exposed, over 2 steps
+    assert by_rank[2]["idle_us"] == pytest.approx(2_000.0)  # idle is the total
+
+
+def test_no_straggler_finding_means_no_straggler():
+    # rank 3 computes longer, but without a straggler finding the page names no straggler
+    report = make_report(4, overlaps=[0.9, 0.85, 0.6, 0.88], compute=[80_000.0] * 3 + [95_000.0])
+    text = Page(render_html(report)).visible()
+    assert "None: no rank kept the others waiting" in text
 
 
 def test_findings_show_a_nested_ds_config_patch_and_env_lines():
@@ -144,24 +157,31 @@ def test_config_patch_and_helpers():
 def test_combined_patch_prefers_the_costlier_finding():
     cheap = make_finding(cost_us=10.0, fix={"config": {"zero_optimization.reduce_bucket_size": 1, "x.y": 2}})
     costly = make_finding(cost_us=900.0, fix={"config": {"zero_optimization.reduce_bucket_size": 3}})
-    html = render_html(make_report(2, findings=[costly, cheap]))
+    report = make_report(2, findings=[costly, cheap])
+    html = render_html(report)
     block = re.search(r'id="oc-patch-all">(.*?)</pre>', html, re.S).group(1).replace("&#34;", '"')
     assert json.loads(block) == {"zero_optimization": {"reduce_bucket_size": 3}, "x": {"y": 2}}
+    assert combined_patch(report.findings) == {"zero_optimization": {"reduce_bucket_size": 3}, "x": {"y": 2}}
+    assert combined_patch(make_report(2, findings=[make_finding(fix={"env": {"X": "1"}})]).findings) is None
+    assert combined_patch([]) is None
 
 
 def test_empty_and_communication_free_reports_render():
-    empty = make_report(1, findings=[])
-    empty["ranks"], empty["summary"] = [], {"ranks": 0, "metrics": {}}
-    text = Page(render_html(empty)).visible()
+    text = Page(render_html(empty_report())).visible()
     assert "No communication was measured" in text and "No ranks in this report" in text
     assert "carries no kernel intervals" in text
-    quiet = make_report(2, findings=[])
+    quiet = report_doc(2, findings=[])
     for rank in quiet["ranks"]:
-        for split in rank["collectives"].values():
-            split.update(count=0, time_us=0.0, overlapped_us=0.0, exposed_us=0.0, overlap=None)
+        for collectives in [rank["collectives"], *(s["collectives"] for s in rank["steps"])]:
+            for split in collectives.values():
+                split.update(count=0, time_us=0.0, overlapped_us=0.0, exposed_us=0.0, overlap=None)
         rank["exposed_share"] = None
-    text = Page(render_html(quiet)).visible()
+        for s in rank["steps"]:
+            s["exposed_share"] = None
+    quiet["summary"] = summary_doc(quiet["ranks"])
+    text = Page(render_html(as_report(quiet))).visible()
     assert "No communication kernels in this report" in text and "No findings" in text
+    assert "No communication was measured" in text
 
 
 # ------------------------------------------------------------------------------------------- escaping
@@ -211,8 +231,7 @@ def test_content_security_policy_allows_only_our_inline_code():
 
 
 def test_timeline_is_capped_and_keeps_communication():
-    report = make_report(1)
-    report["timelines"] = {"0": make_timeline(n_compute=60_000, n_comm=200)}
+    report = make_report(1, timelines={0: make_timeline(n_compute=60_000, n_comm=200)})
     data = [b for b in Page(render_html(report)).json_blocks() if "lanes" in b][0]
     kept = sum(len(ln["s"]) for ln in data["lanes"])
     assert kept == data["n"] and data["omitted"] == 60_000 + 201 + 6 - kept
@@ -222,8 +241,11 @@ def test_timeline_is_capped_and_keeps_communication():
 
 
 def test_64_ranks_stay_light():
-    report = make_report(64, overlaps=[0.7] * 64)
-    report["timelines"] = {str(r): make_timeline(seed=r, n_compute=4_000, n_comm=300) for r in range(64)}
+    report = make_report(
+        64,
+        overlaps=[0.7] * 64,
+        timelines={r: make_timeline(seed=r, n_compute=4_000, n_comm=300) for r in range(64)},
+    )
     start = time.perf_counter()
     html = render_html(report)
     elapsed = time.perf_counter() - start
@@ -239,31 +261,74 @@ def test_64_ranks_stay_light():
 
 def test_write_html_is_atomic_and_refuses_to_overwrite(tmp_path):
     target = tmp_path / "report.html"
-    write_html(make_report(2), str(target), force=False)
+    atomic_write(str(target), render_html(make_report(2)), force=False)
     assert target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     target.write_text("keep me")
     with pytest.raises(UserError, match="--force"):
-        write_html(make_report(2), str(target), force=False)
+        atomic_write(str(target), render_html(make_report(2)), force=False)
     assert target.read_text() == "keep me"
-    write_html(make_report(2), str(target), force=True)
+    atomic_write(str(target), render_html(make_report(2)), force=True)
     assert "overlapcheck" in target.read_text(encoding="utf-8")
     assert sorted(os.listdir(tmp_path)) == ["report.html"]  # no temp file left behind
     with pytest.raises(UserError, match="folder does not exist"):
-        write_html(make_report(1), str(tmp_path / "missing" / "r.html"), force=False)
+        atomic_write(str(tmp_path / "missing" / "r.html"), render_html(make_report(1)), force=False)
 
 
-def test_tolerates_nulls_and_partial_documents():
-    minimal = Page(render_html({"schema": "overlapcheck.report/1", "ranks": []}))
-    assert "No ranks in this report" in minimal.visible()
-    report = make_report(2)
-    report.update(tool=None, summary=None, findings_explain_share=None)
-    report["ranks"][0].update(host=None, exposed_share=None, steps=[])
-    report["findings"][0].update(fix=None, evidence=None, cost_us=None)
-    report["timelines"] = {
-        "0": {"step": None, "lanes": [], "events": [], "names": [], "exposed": []},
-        "not-a-rank": {},
-        "1": {"events": [[0, "bad", 1, "compute", 0], None]},
+def test_tolerates_nulls_and_bad_timeline_rows():
+    bare = Report(
+        tool=Tool("overlapcheck", "0.1.0"),
+        run=None,
+        ranks=[],
+        summary=Summary(0, {}),
+        findings=[],
+        findings_explain_share=None,
+        errors=[],
+    )
+    assert "No ranks in this report" in Page(render_html(bare)).visible()
+    doc = report_doc(2)
+    doc["findings_explain_share"] = None
+    doc["ranks"][0].update(host=None, exposed_share=None, steps=[])
+    doc["findings"][0].update(fix={}, evidence={}, steps=[])
+    lanes = [TimelineLane(0, "stream 7", "compute")]
+    timelines = {
+        0: Timeline(step=None, t0=0.0, duration=0.0, lanes=[], events=[], names=[], exposed=[]),
+        1: Timeline(
+            step=None,
+            t0=0.0,
+            duration=10.0,
+            lanes=lanes,
+            events=[[0, "bad", 1, "compute", 0], [5, 1.0, 1.0, "compute", 0], [0, 1.0], [0, 2.0, 3.0, "compute", 7]],
+            names=[],
+            exposed=[[4.0, 3.0], ["x", 9.0]],
+        ),
     }
+    report = as_report(doc, timelines)
+    # numbers the analysis could not compute (NaN, infinity) are shown as n/a, never break the page
+    nan_rank = dataclasses.replace(report.ranks[1], exposed_share=float("nan"), idle_us=float("inf"))
+    report = dataclasses.replace(report, ranks=[report.ranks[0], nan_rank])
     page = Page(render_html(report))
     assert "Reduce-scatter runs after the last backward kernel" in page.visible()
-    assert [b["rank"] for b in page.json_blocks() if "lanes" in b] == [0, 1]
+    blocks = [b for b in page.json_blocks() if "lanes" in b]
+    assert [b["rank"] for b in blocks] == [0, 1]
+    assert blocks[1]["n"] == 1 and blocks[1]["names"] == [] and blocks[1]["exposed"] == []  # only the valid row
+    rows = {r["rank"]: r for r in build_view(report)["ranks"]}
+    assert rows[1]["exposed_share"] is None and rows[1]["idle_us"] is None
+    assert rows[0]["host"] is None and rows[0]["steps"] == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(tool=None), "malformed report: tool is not an object"),
+        (lambda d: d.update(summary=None), "malformed report: summary is not an object"),
+        (lambda d: d["findings"][0].update(cost_us=None), "findings[0].cost_us is not a finite number"),
+        (lambda d: d["findings"][0].update(fix=None), "findings[0].fix is not an object"),
+        (lambda d: d["ranks"][0].pop("collectives"), "ranks[0].collectives is missing"),
+    ],
+)
+def test_partial_documents_are_refused_before_rendering(change, message):
+    """The renderer reads a Report; a document of the wrong shape stops at Report.from_dict with one line."""
+    doc = report_doc(2)
+    change(doc)
+    with pytest.raises(ReportFormatError, match=re.escape(message)):
+        as_report(doc)

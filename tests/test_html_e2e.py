@@ -6,16 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from builders import Page, shared_traces_dir
 from click.testing import CliRunner
-from test_html import Page
 
 from overlapcheck.cli import main
 
-DLRM = Path(__file__).resolve().parents[2] / "shared" / "traces" / "dlrm-8rank-v100"
-if not DLRM.is_dir():
-    DLRM = Path("/work/shared/traces/dlrm-8rank-v100")
+SHARED = shared_traces_dir()
+DLRM = SHARED / "dlrm-8rank-v100" if SHARED is not None else None
 
-pytestmark = pytest.mark.skipif(not DLRM.is_dir(), reason="needs ../shared/traces/dlrm-8rank-v100")
+pytestmark = pytest.mark.skipif(DLRM is None or not DLRM.is_dir(), reason="needs ../shared/traces/dlrm-8rank-v100")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ and `},{` inside strings, escaped quotes and backslashes, unicode, nested arrays
 
 from __future__ import annotations
 
-import glob
 import gzip
 import json
 import os
@@ -15,14 +14,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from builders import shared_traces_dir
 
 from overlapcheck.trace import jsonstream
 from overlapcheck.trace.events import EVENTS_DECODER, Event
 from overlapcheck.trace.jsonstream import TraceStream
 
-TRACES = sorted(glob.glob("/work/shared/traces/**/*.json*", recursive=True)) or sorted(
-    glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces", "**", "*.json*"), recursive=True)
-)
+SHARED = shared_traces_dir()
+TRACES = sorted(str(p) for p in SHARED.rglob("*.json*")) if SHARED else []
 ANY_EVENTS = msgspec.json.Decoder(list[Any])
 
 
@@ -57,7 +56,7 @@ def chunks(monkeypatch: pytest.MonkeyPatch):
     return set_sizes
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, "/work/shared/traces"))
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, str(SHARED)))
 @pytest.mark.parametrize("chunk", [4 << 20, 40009])
 def test_real_traces_stream_like_json_load(path: str, chunk: int, chunks) -> None:
     chunks(chunk)
@@ -69,7 +68,7 @@ def test_real_traces_stream_like_json_load(path: str, chunk: int, chunks) -> Non
     assert metadata == want_meta
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, "/work/shared/traces"))
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, str(SHARED)))
 def test_real_traces_typed_events_match_conversion(path: str, chunks) -> None:
     """The typed decoder keeps exactly what msgspec.convert keeps from json.load's dicts."""
     chunks(32 << 10)

@@ -5,32 +5,27 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import kernel, launch, memcpy, step, write_trace
+from builders import kernel, launch, memcpy, step, write_trace
 
-from overlapcheck.analysis import analyze_paths, analyze_trace
+from overlapcheck.model import Copies, RankMetrics, Split
+from overlapcheck.pipeline import analyze, analyze_trace
 
 RS_OLD = "ncclKernel_ReduceScatter_RING_LL_Sum___nv_bfloat16(ncclDevComm*, unsigned long, ncclWork*)"
 AG_NEW = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 GEMM = "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn"
 
 
-def rank_of(tmp_path, events, **kw):
-    return analyze_trace(str(write_trace(tmp_path, "rank0.json.gz", events, **kw)))
+def rank_of(tmp_path, events, **kw) -> RankMetrics:
+    return analyze_trace(str(write_trace(tmp_path, "rank0.json.gz", events, **kw))).metrics
 
 
 def test_comm_half_hidden_by_compute_on_another_stream(tmp_path):
     r = rank_of(tmp_path, [kernel(GEMM, 0, 10, stream=7), kernel(RS_OLD, 5, 10, stream=20)])
-    rs = r["collectives"]["reduce_scatter"]
-    assert rs == {"count": 1, "time_us": 10.0, "overlapped_us": 5.0, "exposed_us": 5.0, "overlap": 0.5}
-    assert r["collectives"]["all"] == rs
-    assert r["collectives"]["all_gather"] == {
-        "count": 0,
-        "time_us": 0.0,
-        "overlapped_us": 0.0,
-        "exposed_us": 0.0,
-        "overlap": None,
-    }
-    assert r["span_us"] == 15 and r["busy_us"] == 15 and r["compute_us"] == 10 and r["idle_us"] == 0
+    rs = r.collectives["reduce_scatter"]
+    assert rs == Split(count=1, time_us=10.0, overlapped_us=5.0, exposed_us=5.0, overlap=0.5)
+    assert r.collectives["all"] == rs
+    assert r.collectives["all_gather"] == Split(count=0, time_us=0.0, overlapped_us=0.0, exposed_us=0.0, overlap=None)
+    assert r.span_us == 15 and r.busy_us == 15 and r.compute_us == 10 and r.idle_us == 0
 
 
 def test_nested_and_overlapping_kernels_on_one_stream_are_counted_once(tmp_path):
@@ -43,31 +38,31 @@ def test_nested_and_overlapping_kernels_on_one_stream_are_counted_once(tmp_path)
         kernel(AG_NEW, 20, 5, stream=30),
     ]
     r = rank_of(tmp_path, events)
-    ag = r["collectives"]["all_gather"]
-    assert ag["count"] == 3
-    assert ag["time_us"] == 13 and ag["overlapped_us"] == 8 and ag["exposed_us"] == 5
-    assert r["compute_us"] == 12
-    assert r["span_us"] == 25 and r["busy_us"] == 17 and r["idle_us"] == 8
+    ag = r.collectives["all_gather"]
+    assert ag.count == 3
+    assert ag.time_us == 13 and ag.overlapped_us == 8 and ag.exposed_us == 5
+    assert r.compute_us == 12
+    assert r.span_us == 25 and r.busy_us == 17 and r.idle_us == 8
 
 
 def test_communication_on_the_compute_stream_never_overlaps(tmp_path):
     # one stream runs kernels one after another: NCCL on the compute stream cannot be hidden
     r = rank_of(tmp_path, [kernel(GEMM, 0, 10), kernel(RS_OLD, 10, 10), kernel(GEMM, 20, 5)])
-    assert r["collectives"]["all"]["overlap"] == 0.0
-    assert r["collectives"]["all"]["exposed_us"] == 10
+    assert r.collectives["all"].overlap == 0.0
+    assert r.collectives["all"].exposed_us == 10
 
 
 def test_comm_is_found_by_name_not_by_stream(tmp_path):
     # compute on the stream that carries NCCL elsewhere, NCCL on stream 7
     r = rank_of(tmp_path, [kernel(GEMM, 0, 4, stream=20), kernel(AG_NEW, 0, 8, stream=7)])
-    assert r["collectives"]["all_gather"]["overlapped_us"] == 4
+    assert r.collectives["all_gather"].overlapped_us == 4
 
 
 def test_zero_length_events_count_but_cover_nothing(tmp_path):
     r = rank_of(tmp_path, [kernel(GEMM, 0, 0), kernel(RS_OLD, 0, 0, stream=20), kernel(RS_OLD, 1, 2, stream=20)])
-    rs = r["collectives"]["reduce_scatter"]
-    assert rs["count"] == 2 and rs["time_us"] == 2 and rs["overlap"] == 0.0
-    assert r["compute_us"] == 0
+    rs = r.collectives["reduce_scatter"]
+    assert rs.count == 2 and rs.time_us == 2 and rs.overlap == 0.0
+    assert r.compute_us == 0
 
 
 def test_collective_name_arg_wins_over_kernel_name(tmp_path):
@@ -78,8 +73,8 @@ def test_collective_name_arg_wins_over_kernel_name(tmp_path):
         kernel("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)", 30, 5, stream=20),
         kernel("ncclDevKernel_Generic", 40, 5, stream=20),
     ]
-    c = rank_of(tmp_path, events)["collectives"]
-    counts = {k: v["count"] for k, v in c.items() if v["count"]}
+    c = rank_of(tmp_path, events).collectives
+    counts = {k: v.count for k, v in c.items() if v.count}
     assert counts == {"all": 5, "reduce_scatter": 1, "all_to_all": 1, "send_recv": 1, "broadcast": 1, "other": 1}
 
 
@@ -98,41 +93,37 @@ def test_kernel_belongs_to_the_step_that_launched_it(tmp_path):
         launch(12, corr=4),
     ]
     r = rank_of(tmp_path, events)
-    s1, s2 = r["steps"]
-    assert s1["step"] == 1 and s2["step"] == 2
-    assert s1["collectives"]["all"]["count"] == 1 and s2["collectives"]["all"]["count"] == 0
+    s1, s2 = r.steps
+    assert s1.step == 1 and s2.step == 2
+    assert s1.collectives["all"].count == 1 and s2.collectives["all"].count == 0
     # the step's comm is measured against all compute, including step 2's kernel at [14, 18)
-    assert s1["collectives"]["all"]["overlapped_us"] == 4 and s1["collectives"]["all"]["exposed_us"] == 4
-    assert s1["start_us"] == 3 and s1["duration_us"] == 17 and s1["cpu_duration_us"] == 10
-    assert s1["compute_us"] == 6 and s2["compute_us"] == 4
-    assert s2["memcpy"] == {"count": 1, "time_us": 2.0, "exposed_us": 2.0}
-    assert s2["duration_us"] == 23 - 14
-    assert r["step_time_us"] == 17 + 9
-    assert r["exposed_share"] == pytest.approx(4 / 26)
+    assert s1.collectives["all"].overlapped_us == 4 and s1.collectives["all"].exposed_us == 4
+    assert s1.start_us == 3 and s1.duration_us == 17 and s1.cpu_duration_us == 10
+    assert s1.compute_us == 6 and s2.compute_us == 4
+    assert s2.memcpy == Copies(count=1, time_us=2.0, exposed_us=2.0)
+    assert s2.duration_us == 23 - 14
+    assert r.step_time_us == 17 + 9
+    assert r.exposed_share == pytest.approx(4 / 26)
 
 
 def test_memcpy_is_neither_compute_nor_comm_and_its_exposed_time_is_reported(tmp_path):
     r = rank_of(tmp_path, [kernel(GEMM, 0, 10), memcpy(5, 10, stream=21), kernel(RS_OLD, 12, 2, stream=22)])
-    assert r["memcpy"] == {
-        "count": 1,
-        "time_us": 10.0,
-        "exposed_us": 3.0,
-    }  # [5,15) - [0,10) - [12,14) = [10,12) + [14,15)
-    assert r["compute_us"] == 10
-    assert r["collectives"]["all"]["overlap"] == 0.0  # memcpy does not hide communication
+    assert r.memcpy == Copies(count=1, time_us=10.0, exposed_us=3.0)  # [5,15) - [0,10) - [12,14) = [10,12) + [14,15)
+    assert r.compute_us == 10
+    assert r.collectives["all"].overlap == 0.0  # memcpy does not hide communication
 
 
 def test_no_communication_is_not_an_error(tmp_path):
     r = rank_of(tmp_path, [kernel(GEMM, 0, 10), kernel(GEMM, 20, 10)])
-    assert r["collectives"]["all"]["overlap"] is None and r["exposed_share"] is None
-    assert any("no communication" in n for n in r["notes"])
+    assert r.collectives["all"].overlap is None and r.exposed_share is None
+    assert any("no communication" in n for n in r.notes)
 
 
 def test_no_gpu_kernels_is_not_an_error(tmp_path):
     r = rank_of(tmp_path, [step(1, 0, 10), launch(1, corr=1)])
-    assert r["collectives"]["all"]["overlap"] is None
-    assert r["span_us"] == 0
-    assert any("nothing to measure" in n for n in r["notes"])
+    assert r.collectives["all"].overlap is None
+    assert r.span_us == 0
+    assert any("nothing to measure" in n for n in r.notes)
 
 
 def test_torch_1_8_schema_bare_list_old_categories(tmp_path):
@@ -182,22 +173,23 @@ def test_torch_1_8_schema_bare_list_old_categories(tmp_path):
     ]
     path = tmp_path / "worker3.pt.trace.json"
     path.write_text(json.dumps(events))
-    r = analyze_trace(str(path))
-    assert r["rank"] == 3  # from the file name
-    ar = r["collectives"]["all_reduce"]
-    assert ar["count"] == 1 and ar["overlapped_us"] == 4 and ar["exposed_us"] == 6
-    assert r["memset"]["count"] == 1 and r["memset"]["exposed_us"] == 1
-    assert [s["step"] for s in r["steps"]] == [5]
-    assert r["steps"][0]["collectives"]["all"]["count"] == 1
-    assert {s["stream"] for s in r["streams"]} == {7, 13}  # the stream of a kernel without args.stream: its tid
-    assert any("torch 1.8" in n for n in r["notes"])
+    r = analyze_trace(str(path)).metrics
+    assert r.rank == 3  # from the file name
+    ar = r.collectives["all_reduce"]
+    assert ar.count == 1 and ar.overlapped_us == 4 and ar.exposed_us == 6
+    assert r.memset.count == 1 and r.memset.exposed_us == 1
+    assert [s.step for s in r.steps] == [5]
+    assert r.steps[0].collectives["all"].count == 1
+    assert {s.stream for s in r.streams} == {7, 13}  # the stream of a kernel without args.stream: its tid
+    assert any("torch 1.8" in n for n in r.notes)
 
 
 def test_plain_and_gzipped_json_give_the_same_numbers(tmp_path):
     events = [kernel(GEMM, 0, 10), kernel(RS_OLD, 5, 10, stream=20)]
-    a = analyze_trace(str(write_trace(tmp_path, "rank0.json", events, gz=False)))
-    b = analyze_trace(str(write_trace(tmp_path, "rank0.json.gz", events)))
-    assert a["collectives"] == b["collectives"]
+    a = analyze_trace(str(write_trace(tmp_path, "rank0.json", events, gz=False))).metrics
+    b = analyze_trace(str(write_trace(tmp_path, "rank0.json.gz", events))).metrics
+    assert a.collectives == b.collectives
+    assert a.collectives["reduce_scatter"].overlapped_us == 5
 
 
 def test_cross_rank_summary_min_median_max_and_worst(tmp_path):
@@ -209,13 +201,16 @@ def test_cross_rank_summary_min_median_max_and_worst(tmp_path):
             rank=rank,
             world_size=3,
         )
-    report = analyze_paths([str(tmp_path)])
-    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
-    o = report["summary"]["metrics"]["all.overlap"]
-    assert (o["min"], o["median"], o["max"], o["worst_rank"]) == (0.2, 0.5, 0.8, 0)
-    e = report["summary"]["metrics"]["reduce_scatter.exposed_us"]
-    assert (e["min"], e["median"], e["max"], e["worst_rank"]) == (2, 5, 8, 0)
-    assert report["ranks"][0]["world_size"] == 3
+    report = analyze(tmp_path)
+    assert [r.rank for r in report.ranks] == [0, 1, 2]
+    o = report.summary.metrics["all.overlap"]
+    assert (o.min, o.median, o.max, o.worst_rank) == (0.2, 0.5, 0.8, 0)
+    e = report.summary.metrics["reduce_scatter.exposed_us"]
+    assert (e.min, e.median, e.max, e.worst_rank) == (2, 5, 8, 0)
+    assert report.ranks[0].world_size == 3
+    # the JSON document says the same
+    doc = report.to_dict()
+    assert doc["summary"]["metrics"]["all.overlap"] == {"min": 0.2, "median": 0.5, "max": 0.8, "worst_rank": 0}
 
 
 def test_metadata_after_event_array_and_escaped_strings(tmp_path):
@@ -226,9 +221,9 @@ def test_metadata_after_event_array_and_escaped_strings(tmp_path):
     )
     path = tmp_path / "trace.json"
     path.write_text(doc)
-    r = analyze_trace(str(path))
-    assert r["rank"] == 4 and r["world_size"] == 8
-    assert r["collectives"]["all_reduce"]["overlapped_us"] == 5
+    r = analyze_trace(str(path)).metrics
+    assert r.rank == 4 and r.world_size == 8
+    assert r.collectives["all_reduce"].overlapped_us == 5
 
 
 def test_phases_split_a_step_at_its_backward_window(tmp_path):
@@ -257,10 +252,10 @@ def test_phases_split_a_step_at_its_backward_window(tmp_path):
         kernel(RS_OLD, 70, 10, stream=21, corr=4),
     ]  # epilogue reduce-scatter, exposed
     r = rank_of(tmp_path, events)
-    phases = r["steps"][0]["phases"]
+    phases = r.steps[0].phases
     assert set(phases) == {"forward", "backward", "optimizer"}
-    assert phases["forward"]["collectives"]["all_gather"]["exposed_us"] == 4
-    assert phases["backward"]["collectives"]["reduce_scatter"]["overlap"] == 1.0
-    assert phases["backward"]["compute_us"] == 20
-    assert phases["optimizer"]["collectives"]["reduce_scatter"]["exposed_us"] == 10
-    assert r["steps"][0]["collectives"]["reduce_scatter"]["count"] == 2
+    assert phases["forward"].collectives["all_gather"].exposed_us == 4
+    assert phases["backward"].collectives["reduce_scatter"].overlap == 1.0
+    assert phases["backward"].compute_us == 20
+    assert phases["optimizer"].collectives["reduce_scatter"].exposed_us == 10
+    assert r.steps[0].collectives["reduce_scatter"].count == 2

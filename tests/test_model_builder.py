@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from builders import shared_traces_dir
 
 from overlapcheck.trace import classify as C
 from overlapcheck.trace import jsonstream
@@ -17,7 +18,8 @@ from overlapcheck.trace.events import EVENTS_DECODER, Event
 from overlapcheck.trace.jsonstream import TraceStream
 from overlapcheck.trace.model import OP_COLUMNS, PYTHON, ModelBuilder, TraceModel, _as_int, _stream_of
 
-TRACES = sorted(glob.glob("/work/shared/traces/**/*.json*", recursive=True))
+SHARED = shared_traces_dir()
+TRACES = sorted(str(p) for p in SHARED.rglob("*.json*")) if SHARED else []
 _OP_KIND = {"cpu_op": 0, "Operator": 0, "user_annotation": 1, "python_function": PYTHON}
 assert set(OP_COLUMNS) == {"start", "end", "thread", "name", "kind"}
 
@@ -106,7 +108,7 @@ def assert_same_model(a: TraceModel, b: TraceModel) -> None:
             assert np.array_equal(x, y, equal_nan=True), (family, col)
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, "/work/shared/traces"))
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, str(SHARED)))
 def test_fast_builder_matches_plain_rules(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jsonstream, "CHUNK", 256 << 10)  # many batches: state carried across them
     assert_same_model(build(path, ModelBuilder), build(path, PlainBuilder))
@@ -139,7 +141,7 @@ def test_fast_builder_matches_plain_rules_on_a_simulated_job(tmp_path, monkeypat
         assert_same_model(build(path, ModelBuilder), build(path, PlainBuilder))
 
 
-@pytest.mark.parametrize("path", TRACES[::3], ids=lambda p: os.path.relpath(p, "/work/shared/traces"))
+@pytest.mark.parametrize("path", TRACES[::3], ids=lambda p: os.path.relpath(p, str(SHARED)))
 def test_parallel_reader_builds_the_same_model(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Several processes, many runs each: the merged model is the one a single builder makes."""
     from overlapcheck.trace.fastpath import load_parallel

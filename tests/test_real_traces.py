@@ -10,15 +10,16 @@ from __future__ import annotations
 import os
 import re
 from functools import cache
-from typing import Any
 
 import pytest
 import reference as R
-from conftest import SHARED_TRACES
+from builders import shared_traces_dir
 
-from overlapcheck.analysis import analyze_paths
+from overlapcheck.model import RankMetrics
+from overlapcheck.pipeline import analyze
 
-if not SHARED_TRACES.is_dir():
+SHARED_TRACES = shared_traces_dir()
+if SHARED_TRACES is None:
     pytest.skip("../shared/traces is not present", allow_module_level=True)
 
 TRACES = str(SHARED_TRACES)
@@ -49,12 +50,12 @@ def raw(path: str) -> R.Trace:
 
 
 @cache
-def ours(path: str) -> dict[str, Any]:
-    """overlapcheck's RANK document for one file."""
-    report = analyze_paths([path], jobs=1)
-    assert report["errors"] == [], report["errors"]
-    assert len(report["ranks"]) == 1
-    return report["ranks"][0]
+def ours(path: str) -> RankMetrics:
+    """overlapcheck's measurements of one file."""
+    report = analyze(path, jobs=1)
+    assert report.errors == [], report.errors
+    assert len(report.ranks) == 1
+    return report.ranks[0]
 
 
 def expected(row: R.ManifestRow, path: str) -> tuple[float, float, float]:
@@ -82,24 +83,24 @@ def test_reference_reproduces_manifest(row, path):
 @pytest.mark.parametrize(("row", "path"), MANIFEST_FILES, ids=[_id(p) for _, p in MANIFEST_FILES])
 def test_overlap_matches_manifest_or_the_difference_is_the_substring_rule(row, path):
     union_us, pct, _ = expected(row, path)
-    mine = ours(path)["collectives"]["all"]
+    mine = ours(path).collectives["all"]
     trace = raw(path)
     manifest, own = R.manifest_overlap(trace), R.ours_overlap(trace)
     # the independent reference with docs/metrics.md's definition is overlapcheck, to 0.01 pp
-    assert 100 * mine["overlap"] == pytest.approx(own.pct, abs=0.01)
-    assert mine["time_us"] == pytest.approx(own.comm_us, abs=1e-3)
+    assert 100 * mine.overlap == pytest.approx(own.pct, abs=0.01)
+    assert mine.time_us == pytest.approx(own.comm_us, abs=1e-3)
     # both definitions pick the same communication kernels: only the compute side differs
     assert own.comm_count == manifest.comm_count and own.comm_us == pytest.approx(manifest.comm_us, abs=1e-6)
     assert own.excluded == []
-    if abs(100 * mine["overlap"] - pct) > 0.5:
+    if abs(100 * mine.overlap - pct) > 0.5:
         # the difference is entirely the kernels the MANIFEST's substring rule takes out of compute
         assert manifest.excluded, "overlapcheck differs from MANIFEST although no compute kernel was dropped"
         readded = R.measure(
             trace.kernels(("kernel",)), R.manifest_is_comm, lambda n: R.manifest_is_compute(n) or n in manifest.excluded
         )
-        assert readded.pct == pytest.approx(100 * mine["overlap"], abs=0.01)
+        assert readded.pct == pytest.approx(100 * mine.overlap, abs=0.01)
     if not manifest.excluded:
-        assert 100 * mine["overlap"] == pytest.approx(pct, abs=0.05)
+        assert 100 * mine.overlap == pytest.approx(pct, abs=0.05)
 
 
 def _banned_hits(name: str) -> set[str]:
@@ -135,7 +136,7 @@ def test_control_claim_exactly():
     for name in excluded:
         with_it = R.measure(kernels, R.manifest_is_comm, lambda n, name=name: R.manifest_is_compute(n) or n == name)
         gained[name] = with_it.overlapped_us - manifest.overlapped_us
-    difference_us = ours(path)["collectives"]["all"]["overlapped_us"] - manifest.overlapped_us
+    difference_us = ours(path).collectives["all"].overlapped_us - manifest.overlapped_us
     assert difference_us > 0
     assert sum(gained.values()) == pytest.approx(difference_us, abs=1e-6)
     carriers = [n for n, us in gained.items() if us > 0]
@@ -146,19 +147,19 @@ def test_control_claim_exactly():
 @pytest.mark.parametrize(("row", "path"), MANIFEST_FILES, ids=[_id(p) for _, p in MANIFEST_FILES])
 def test_nccl_union_matches_manifest(row, path):
     union_us, _, _ = expected(row, path)
-    assert ours(path)["collectives"]["all"]["time_us"] == pytest.approx(union_us, abs=1.0)
+    assert ours(path).collectives["all"].time_us == pytest.approx(union_us, abs=1.0)
 
 
 @pytest.mark.parametrize(("row", "path"), MANIFEST_FILES, ids=[_id(p) for _, p in MANIFEST_FILES])
 def test_per_collective_counts_and_times(row, path):
-    colls = ours(path)["collectives"]
-    counts = {k: v["count"] for k, v in colls.items() if k != "all" and v["count"]}
+    colls = ours(path).collectives
+    counts = {k: v.count for k, v in colls.items() if k != "all" and v.count}
     ref_counts = R.collective_counts(raw(path))
     assert counts == dict(ref_counts)
     assert "other" not in counts
-    assert colls["all"]["count"] == sum(ref_counts.values())
+    assert colls["all"].count == sum(ref_counts.values())
     for kind, time_us in R.collective_times(raw(path)).items():
-        assert colls[kind]["time_us"] == pytest.approx(time_us, abs=1e-3)
+        assert colls[kind].time_us == pytest.approx(time_us, abs=1e-3)
 
 
 @pytest.mark.parametrize(("row", "path"), MANIFEST_FILES, ids=[_id(p) for _, p in MANIFEST_FILES])
@@ -166,20 +167,20 @@ def test_per_step_communication_counts(row, path):
     """Each ProfilerStep's communication kernels (assigned by their launch) are those the reference assigns."""
     rank = ours(path)
     ref = R.kernels_per_step(raw(path))
-    assert {s["step"]: s["collectives"]["all"]["count"] for s in rank["steps"]} == {n: c for n, (_, c) in ref.items()}
+    assert {s.step: s.collectives["all"].count for s in rank.steps} == {n: c for n, (_, c) in ref.items()}
 
 
 def test_collective_kinds_of_each_set():
     """dlrm: SendRecv + AllReduce (from kernel names); nccl_data: AllReduce + Broadcast (from `Collective name`)."""
     for path in R.files_of(TRACES, "dlrm-8rank-v100"):
-        assert {k for k, v in ours(path)["collectives"].items() if v["count"] and k != "all"} == {
+        assert {k for k, v in ours(path).collectives.items() if v.count and k != "all"} == {
             "send_recv",
             "all_reduce",
         }
     nccl_data = os.path.join(TRACES, "nccl-single-rank", "nccl_data.json.gz")
     comm = [k for k in raw(nccl_data).kernels() if R.ours_is_comm(k.name)]
     assert comm and all(k.args.get("Collective name") for k in comm)
-    assert {k for k, v in ours(nccl_data)["collectives"].items() if v["count"] and k != "all"} == {
+    assert {k for k, v in ours(nccl_data).collectives.items() if v.count and k != "all"} == {
         "all_reduce",
         "broadcast",
     }
@@ -193,14 +194,14 @@ def test_no_communication_gives_null_overlap_with_a_note(path):
     rank = ours(path)
     trace = raw(path)
     assert R.ours_overlap(trace).comm_count == 0
-    a = rank["collectives"]["all"]
-    assert a["count"] == 0 and a["time_us"] == 0 and a["overlap"] is None
-    assert rank["exposed_share"] is None
-    assert any("overlap is null" in n for n in rank["notes"]), rank["notes"]
+    a = rank.collectives["all"]
+    assert a.count == 0 and a.time_us == 0 and a.overlap is None
+    assert rank.exposed_share is None
+    assert any("overlap is null" in n for n in rank.notes), rank.notes
     # what was read is what is in the file: every kernel is compute, with the reference's union
     kernels = trace.kernels()
-    assert rank["compute_us"] == pytest.approx(R.union_length((k.start, k.end) for k in kernels), abs=1e-3)
-    assert sum(s["classes"]["compute"] for s in rank["streams"]) == len(kernels)
+    assert rank.compute_us == pytest.approx(R.union_length((k.start, k.end) for k in kernels), abs=1e-3)
+    assert sum(s.classes["compute"] for s in rank.streams) == len(kernels)
 
 
 def _edge(name: str) -> str:
@@ -216,12 +217,12 @@ def test_torch18_resnet_trace_reads():
     assert isinstance(R.load(path).events, list) and trace.metadata == {}  # a bare event list
     n_kernels = sum(e.get("cat") == "Kernel" for e in trace.events)
     assert n_kernels > 0 and len(trace.kernels(("kernel",))) == 0
-    assert sum(s["classes"]["compute"] for s in rank["streams"]) == n_kernels
-    assert rank["memcpy"]["count"] == sum(e.get("cat") == "Memcpy" for e in trace.events)
-    assert rank["memset"]["count"] == sum(e.get("cat") == "Memset" for e in trace.events)
-    assert any("torch 1.8" in n for n in rank["notes"])
+    assert sum(s.classes["compute"] for s in rank.streams) == n_kernels
+    assert rank.memcpy.count == sum(e.get("cat") == "Memcpy" for e in trace.events)
+    assert rank.memset.count == sum(e.get("cat") == "Memset" for e in trace.events)
+    assert any("torch 1.8" in n for n in rank.notes)
     gpu = [e for e in trace.events if e.get("cat") in ("Kernel", "Memcpy", "Memset")]
-    assert {s["stream"] for s in rank["streams"]} == {e["args"]["stream"] for e in gpu}
+    assert {s.stream for s in rank.streams} == {e["args"]["stream"] for e in gpu}
 
 
 @pytest.mark.parametrize("name", ["triton_example", "gaunernst_bert-small-uncased"])
@@ -229,10 +230,8 @@ def test_single_gpu_traces_read(name):
     path = _edge(name)
     trace, rank = raw(path), ours(path)
     kernels = trace.kernels()
-    assert kernels and rank["lanes"] == "gpu"
-    assert (
-        sum(s["kernels"] for s in rank["streams"]) == len(kernels) + rank["memcpy"]["count"] + rank["memset"]["count"]
-    )
+    assert kernels and rank.lanes == "gpu"
+    assert sum(s.kernels for s in rank.streams) == len(kernels) + rank.memcpy.count + rank.memset.count
     if name.startswith("gaunernst"):
         assert any(e.get("cat") == "python_function" for e in trace.events)
     if name == "triton_example":
@@ -272,15 +271,13 @@ def test_gloo_cpu_trace(path):
         for e in trace.events
         if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("c10d::")
     ]
-    assert rank["lanes"] == "cpu" and gloo and len(issued) == len(gloo)
-    colls = rank["collectives"]
-    assert colls["all"]["count"] == len(gloo)
-    assert colls["all"]["time_us"] == pytest.approx(R.union_length((e["ts"], e["ts"] + e["dur"]) for e in gloo))
-    assert {k: v["count"] for k, v in colls.items() if k != "all" and v["count"]} == {
-        k: issued.count(k) for k in set(issued)
-    }
+    assert rank.lanes == "cpu" and gloo and len(issued) == len(gloo)
+    colls = rank.collectives
+    assert colls["all"].count == len(gloo)
+    assert colls["all"].time_us == pytest.approx(R.union_length((e["ts"], e["ts"] + e["dur"]) for e in gloo))
+    assert {k: v.count for k, v in colls.items() if k != "all" and v.count} == {k: issued.count(k) for k in set(issued)}
     assert {"reduce_scatter", "all_gather", "all_reduce"} <= set(issued)
-    assert colls["all"]["overlap"] is not None
+    assert colls["all"].overlap is not None
 
 
 @pytest.mark.parametrize(("row", "path"), MANIFEST_FILES, ids=[_id(p) for _, p in MANIFEST_FILES])
@@ -291,15 +288,15 @@ def test_rank_totals_match_reference(row, path):
     copies = trace.kernels(("gpu_memcpy",))
     sets = trace.kernels(("gpu_memset",))
     everything = [(k.start, k.end) for k in kernels + copies + sets]
-    assert rank["compute_us"] == pytest.approx(
+    assert rank.compute_us == pytest.approx(
         R.union_length((k.start, k.end) for k in kernels if not R.ours_is_comm(k.name)), abs=1e-3
     )
-    assert rank["busy_us"] == pytest.approx(R.union_length(everything), abs=1e-3)
-    assert rank["span_us"] == pytest.approx(max(e for _, e in everything) - min(s for s, _ in everything), abs=1e-3)
-    for key, acts in (("memcpy", copies), ("memset", sets)):
-        assert rank[key]["count"] == len(acts)
+    assert rank.busy_us == pytest.approx(R.union_length(everything), abs=1e-3)
+    assert rank.span_us == pytest.approx(max(e for _, e in everything) - min(s for s, _ in everything), abs=1e-3)
+    for measured, acts in ((rank.memcpy, copies), (rank.memset, sets)):
+        assert measured.count == len(acts)
         copy_us, beside_kernels = R.overlap_length(
             [(k.start, k.end) for k in acts], [(k.start, k.end) for k in kernels]
         )
-        assert rank[key]["time_us"] == pytest.approx(copy_us, abs=1e-3)
-        assert rank[key]["exposed_us"] == pytest.approx(copy_us - beside_kernels, abs=1e-3)
+        assert measured.time_us == pytest.approx(copy_us, abs=1e-3)
+        assert measured.exposed_us == pytest.approx(copy_us - beside_kernels, abs=1e-3)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import shared_traces_dir
 
 from overlapcheck.simulate import generate
 
@@ -70,8 +71,8 @@ def profile(events: list[dict[str, Any]]) -> tuple[dict, dict]:
 
 @pytest.fixture(scope="module")
 def real(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
-    root = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-    if not all((root / p).is_file() for p in REAL.values()):
+    root = shared_traces_dir()
+    if root is None or not all((root / p).is_file() for p in REAL.values()):
         pytest.skip("the real traces in ../shared/traces are not available")
     return {name: load(root / path) for name, path in REAL.items()}
 

@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from overlapcheck.pipeline import analyze
 from overlapcheck.simulate import generate
 from overlapcheck.simulate.scenarios import PRESETS
-
-analysis = pytest.importorskip("overlapcheck.analysis.pipeline")
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 TOL_US = 1.0
@@ -100,7 +99,7 @@ def test_compare_finds_a_difference() -> None:
 @pytest.mark.parametrize("name", [n for n in PRESETS if n != "seed-5201"])
 def test_analyze_reproduces_truth(tmp_path: Path, name: str) -> None:
     generate(name, tmp_path, costs=False, nodes=2, gpus_per_node=2)
-    report = analysis.analyze_paths([str(tmp_path)], jobs=1)
+    report = analyze(tmp_path, jobs=1).to_dict()
     assert report["errors"] == []
     truth = json.loads((tmp_path / "truth.json").read_text())
     assert len(report["ranks"]) == len(truth["ranks"]) == 4
@@ -109,7 +108,7 @@ def test_analyze_reproduces_truth(tmp_path: Path, name: str) -> None:
 
 def test_analyze_reproduces_truth_on_combined_scenario_and_old_torch(tmp_path: Path) -> None:
     generate("seed-5201+straggler+comms-logger", tmp_path, costs=False, nodes=2, gpus_per_node=2)
-    report = analysis.analyze_paths([str(tmp_path)], jobs=1)
+    report = analyze(tmp_path, jobs=1).to_dict()
     assert compare(json.loads((tmp_path / "truth.json").read_text()), report) == []
 
 
@@ -125,7 +124,7 @@ def test_analyze_reproduces_truth_with_fp32_communication(tmp_path: Path) -> Non
     write_json(tmp_path / "truth.json", truth)
     names = {op.name for op in result.ranks[0].gpu if op.collective == "reduce_scatter"}
     assert names == {"ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"}
-    assert compare(truth, analysis.analyze_paths([str(tmp_path)], jobs=1)) == []
+    assert compare(truth, analyze(tmp_path, jobs=1).to_dict()) == []
 
 
 def test_analyze_cli_json_reproduces_truth(tmp_path: Path) -> None:
@@ -142,7 +141,7 @@ def test_analyze_cli_json_reproduces_truth(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(p.name for p in SAMPLES.iterdir()) if SAMPLES.is_dir() else [])
 def test_shipped_samples_match_their_truth(name: str) -> None:
     folder = SAMPLES / name
-    report = analysis.analyze_paths([str(folder)])
+    report = analyze(folder).to_dict()
     assert report["errors"] == []
     assert compare(json.loads((folder / "truth.json").read_text()), report) == []
 

@@ -4,34 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, Activities, activities_of
+from overlapcheck.model import ALL, Collectives, Copies, PhaseMetrics, RankMetrics, Split, StepMetrics, StreamStats
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import rank_of
 
-ALL = "all"
-COLLECTIVE_KEYS = (ALL, *C.COLLECTIVES)
 
-
-def split(comm: iv.Intervals, compute: iv.Intervals, count: int) -> dict[str, Any]:
+def split(comm: iv.Intervals, compute: iv.Intervals, count: int) -> Split:
     """count, time_us = |C|, overlapped_us = |C ∩ P|, exposed_us = time − overlapped, overlap = overlapped / time."""
     time_us = iv.length(comm)
     overlapped = iv.intersection_length(comm, compute) if time_us else 0.0
-    return {
-        "count": int(count),
-        "time_us": time_us,
-        "overlapped_us": overlapped,
-        "exposed_us": time_us - overlapped,
-        "overlap": overlapped / time_us if time_us > 0 else None,
-    }
+    return Split(int(count), time_us, overlapped, time_us - overlapped, overlapped / time_us if time_us > 0 else None)
 
 
-def collectives(acts: Activities, mask: np.ndarray, compute: iv.Intervals) -> dict[str, dict[str, Any]]:
+def collectives(acts: Activities, mask: np.ndarray, compute: iv.Intervals) -> Collectives:
     """The split for `all` and every collective kind, over the communication activities selected by `mask`."""
     comm = mask & (acts.cls == C.COMM)
     out = {ALL: split(iv.union(acts.start[comm], acts.end[comm]), compute, int(comm.sum()))}
@@ -41,15 +32,15 @@ def collectives(acts: Activities, mask: np.ndarray, compute: iv.Intervals) -> di
     return out
 
 
-def copies(acts: Activities, mask: np.ndarray, cls: int, busy_other: iv.Intervals) -> dict[str, Any]:
+def copies(acts: Activities, mask: np.ndarray, cls: int, busy_other: iv.Intervals) -> Copies:
     """count, time_us = |M|, exposed_us = |M − (compute ∪ communication)| for memcpy or memset."""
     sel = mask & (acts.cls == cls)
     m = iv.union(acts.start[sel], acts.end[sel])
-    return {"count": int(sel.sum()), "time_us": iv.length(m), "exposed_us": iv.length(iv.subtract(m, busy_other))}
+    return Copies(int(sel.sum()), iv.length(m), iv.length(iv.subtract(m, busy_other)))
 
 
-def analyze_model(model: TraceModel) -> dict[str, Any]:
-    """The RANK document (docs/report-schema.md) of one trace."""
+def analyze_model(model: TraceModel) -> RankMetrics:
+    """The metrics (the RANK object, docs/report-schema.md) of one trace."""
     acts = activities_of(model)
     everything = np.ones(len(acts), dtype=bool)
     is_compute, is_comm = acts.cls == C.COMPUTE, acts.cls == C.COMM
@@ -63,13 +54,12 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
     steps = [
         _step(model, of_step(int(model.steps.number[i])), i, compute, compute_or_comm) for i in range(len(model.steps))
     ]
-    steps = [s for s in steps if s is not None]
     rank_collectives = collectives(acts, everything, compute)
     if steps:
-        step_time = sum(s["duration_us"] for s in steps)
-        step_exposed = sum(s["collectives"][ALL]["exposed_us"] for s in steps)
+        step_time = sum(s.duration_us for s in steps)
+        step_exposed = sum(s.collectives[ALL].exposed_us for s in steps)
     else:
-        step_time, step_exposed = span, rank_collectives[ALL]["exposed_us"]
+        step_time, step_exposed = span, rank_collectives[ALL].exposed_us
 
     info = model.distributed
     notes = list(model.notes) + acts.notes
@@ -79,26 +69,27 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
         notes.append("no communication kernels: overlap is null")
     if len(model.steps) == 0 and len(acts):
         notes.append("no ProfilerStep annotations: per-step numbers are not available")
-    return {
-        "rank": rank_of(model),
-        "source": model.source,
-        "world_size": info.get("world_size") if isinstance(info.get("world_size"), int) else None,
-        "backend": info.get("backend") if isinstance(info.get("backend"), str) else None,
-        "host": model.metadata.get("host_name") if isinstance(model.metadata.get("host_name"), str) else None,
-        "lanes": acts.lanes,
-        "span_us": span,
-        "busy_us": iv.length(busy),
-        "compute_us": iv.length(compute),
-        "idle_us": span - iv.length(busy),
-        "step_time_us": step_time,
-        "exposed_share": step_exposed / step_time if step_time > 0 and is_comm.any() else None,
-        "collectives": rank_collectives,
-        "memcpy": copies(acts, everything, C.MEMCPY, compute_or_comm),
-        "memset": copies(acts, everything, C.MEMSET, compute_or_comm),
-        "streams": _streams(acts),
-        "steps": steps,
-        "notes": notes,
-    }
+    host = model.metadata.get("host_name")
+    return RankMetrics(
+        rank=rank_of(model),
+        source=model.source,
+        world_size=info.get("world_size") if isinstance(info.get("world_size"), int) else None,
+        backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
+        host=host if isinstance(host, str) else None,
+        lanes=acts.lanes,
+        span_us=span,
+        busy_us=iv.length(busy),
+        compute_us=iv.length(compute),
+        idle_us=span - iv.length(busy),
+        step_time_us=step_time,
+        exposed_share=step_exposed / step_time if step_time > 0 and is_comm.any() else None,
+        collectives=rank_collectives,
+        memcpy=copies(acts, everything, C.MEMCPY, compute_or_comm),
+        memset=copies(acts, everything, C.MEMSET, compute_or_comm),
+        streams=_streams(acts),
+        steps=steps,
+        notes=notes,
+    )
 
 
 def _by_step(acts: Activities) -> Callable[[int], Activities]:
@@ -122,7 +113,7 @@ def _by_step(acts: Activities) -> Callable[[int], Activities]:
 
 def _step(
     model: TraceModel, acts: Activities, i: int, compute: iv.Intervals, compute_or_comm: iv.Intervals
-) -> dict[str, Any] | None:
+) -> StepMetrics:
     number = int(model.steps.number[i])
     mask = acts.step == number
     cpu_duration = float(model.steps.end[i] - model.steps.start[i])
@@ -138,35 +129,36 @@ def _step(
         for p, phase in enumerate(PHASES):
             in_phase = mask & (acts.phase == p)
             phase_compute = in_phase & (acts.cls == C.COMPUTE)
-            phases[phase] = {
-                "compute_us": iv.length(iv.union(acts.start[phase_compute], acts.end[phase_compute])),
-                "collectives": collectives(acts, in_phase, compute),
-            }
-    return {
-        "step": number,
-        "start_us": start,
-        "duration_us": duration,
-        "cpu_duration_us": cpu_duration,
-        "compute_us": iv.length(iv.union(acts.start[own_compute], acts.end[own_compute])),
-        "exposed_share": split_[ALL]["exposed_us"] / duration if duration > 0 and split_[ALL]["count"] else None,
-        "collectives": split_,
-        "memcpy": copies(acts, mask, C.MEMCPY, compute_or_comm),
-        "memset": copies(acts, mask, C.MEMSET, compute_or_comm),
-        "phases": phases,
-    }
+            phases[phase] = PhaseMetrics(
+                iv.length(iv.union(acts.start[phase_compute], acts.end[phase_compute])),
+                collectives(acts, in_phase, compute),
+            )
+    everything = split_[ALL]
+    return StepMetrics(
+        step=number,
+        start_us=start,
+        duration_us=duration,
+        cpu_duration_us=cpu_duration,
+        compute_us=iv.length(iv.union(acts.start[own_compute], acts.end[own_compute])),
+        exposed_share=everything.exposed_us / duration if duration > 0 and everything.count else None,
+        collectives=split_,
+        memcpy=copies(acts, mask, C.MEMCPY, compute_or_comm),
+        memset=copies(acts, mask, C.MEMSET, compute_or_comm),
+        phases=phases,
+    )
 
 
-def _streams(acts: Activities) -> list[dict[str, Any]]:
+def _streams(acts: Activities) -> list[StreamStats]:
     out = []
     for lane in np.unique(acts.lane):
         sel = acts.lane == lane
         counts = np.bincount(acts.cls[sel].astype(np.int64), minlength=len(C.CLASS_NAMES))
         out.append(
-            {
-                "stream": int(lane),
-                "kernels": int(sel.sum()),
-                "busy_us": iv.length(iv.union(acts.start[sel], acts.end[sel])),
-                "classes": {name: int(n) for name, n in zip(C.CLASS_NAMES, counts, strict=True)},
-            }
+            StreamStats(
+                stream=int(lane),
+                kernels=int(sel.sum()),
+                busy_us=iv.length(iv.union(acts.start[sel], acts.end[sel])),
+                classes={name: int(n) for name, n in zip(C.CLASS_NAMES, counts, strict=True)},
+            )
         )
     return out

@@ -2,33 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.analysis.activities import activities_of
+from overlapcheck.analysis.activities import Activities, activities_of
+from overlapcheck.model import RankMetrics, Timeline, TimelineLane
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
 
 MAX_EVENTS_PER_LANE = 3000
 
 
-def timeline_of(model: TraceModel, rank: dict[str, Any]) -> dict[str, Any] | None:
+def timeline_of(model: TraceModel, rank: RankMetrics) -> Timeline | None:
     """The step with the most exposed communication (or the whole trace without steps), lane by lane."""
     acts = activities_of(model)
     if not len(acts):
         return None
-    steps = rank["steps"]
-    if steps:
-        step = max(steps, key=lambda s: (s["collectives"]["all"]["exposed_us"], s["step"]))
-        lo, hi, number = step["start_us"], step["start_us"] + step["duration_us"], step["step"]
+    if rank.steps:
+        step = max(rank.steps, key=lambda s: (s.collectives["all"].exposed_us, s.step))
+        lo, hi, number = step.start_us, step.start_us + step.duration_us, step.step
     else:
         lo, hi, number = float(acts.start.min()), float(acts.end.max()), None
     sel = np.flatnonzero((acts.end > lo) & (acts.start < hi))
     names: list[str] = []
     name_index: dict[str, int] = {}
-    lanes, events = [], []
+    lanes: list[TimelineLane] = []
+    events: list[list[object]] = []
     for lane_no, lane in enumerate(np.unique(acts.lane[sel])):
         idx = sel[acts.lane[sel] == lane]
         counts = np.bincount(acts.cls[idx].astype(np.int64), minlength=4)
@@ -39,7 +38,7 @@ def timeline_of(model: TraceModel, rank: dict[str, Any]) -> dict[str, Any] | Non
             kind = "cpu" if lane < 0 else "comm"
         else:
             label = f"stream {int(lane)}"
-        lanes.append({"id": lane_no, "label": label, "kind": kind})
+        lanes.append(TimelineLane(lane_no, label, kind))
         idx = idx[np.argsort(acts.end[idx] - acts.start[idx])[::-1][:MAX_EVENTS_PER_LANE]]
         for i in idx.tolist():
             name = _name(model, acts, i)
@@ -65,21 +64,21 @@ def timeline_of(model: TraceModel, rank: dict[str, Any]) -> dict[str, Any] | Non
         lo,
         hi,
     )
-    return {
-        "step": number,
-        "t0": lo,
-        "duration": hi - lo,
-        "lanes": lanes,
-        "events": events,
-        "names": names,
-        "exposed": [
+    return Timeline(
+        step=number,
+        t0=lo,
+        duration=hi - lo,
+        lanes=lanes,
+        events=events,
+        names=names,
+        exposed=[
             [round(float(a) - lo, 3), round(float(b) - lo, 3)]
             for a, b in zip(exposed.starts, exposed.ends, strict=True)
         ],
-    }
+    )
 
 
-def _name(model: TraceModel, acts, i: int) -> str:
+def _name(model: TraceModel, acts: Activities, i: int) -> str:
     if acts.lanes == "gpu":
         return model.name(int(model.gpu.name[i]))
     return "compute" if acts.cls[i] == C.COMPUTE else C.COLLECTIVES[acts.coll[i]]

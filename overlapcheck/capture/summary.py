@@ -12,28 +12,29 @@ import argparse
 import contextlib
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from overlapcheck import __version__
-from overlapcheck.capture.atomic import atomic_write_json, read_json
+from overlapcheck.capture.atomic import atomic_write_bytes, atomic_write_json, read_json
 
-SCHEMA = "overlapcheck.report/1"
+if TYPE_CHECKING:
+    from overlapcheck.model import Report
 
 
-def summarize(trace: str, ds_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The one-rank report document for `trace`: its RANK, and that rank's own findings."""
-    from overlapcheck.analysis import Options, analyze_trace
+def summarize(trace: str, ds_config: dict[str, Any] | None = None) -> Report:
+    """The one-rank Report of `trace`: its metrics, that rank's own findings and its collective signature
+    (`collective_signatures`, for the cross-rank rules of `overlapcheck report`)."""
+    import dataclasses
 
-    rank_doc = analyze_trace(trace, Options(config=ds_config))
-    findings = rank_doc.pop("_findings", [])
-    rank_doc.pop("_timeline", None)
-    rank_doc["source"] = os.path.basename(trace)
-    return {
-        "schema": SCHEMA,
-        "tool": {"name": "overlapcheck", "version": __version__},
-        "ranks": [rank_doc],
-        "findings": findings,
-    }
+    from overlapcheck.errors import UserError
+    from overlapcheck.job import JobContext
+    from overlapcheck.pipeline import Inputs, Options, analyze_inputs
+
+    job = JobContext.build(ds_config, None)
+    report = analyze_inputs(Inputs(traces=[trace]), job, Options(signatures=True), jobs=1)
+    if report.errors:
+        raise UserError(report.errors[0].error)
+    ranks = [dataclasses.replace(r, source=os.path.basename(trace)) for r in report.ranks]
+    return dataclasses.replace(report, ranks=ranks)
 
 
 def write_summary(trace: str, out: str, status: str, rank_status: str | None = None) -> bool:
@@ -45,7 +46,9 @@ def write_summary(trace: str, out: str, status: str, rank_status: str | None = N
     started = time.perf_counter()
     try:
         config = (read_json(rank_status) or {}).get("ds_config") if rank_status else None
-        atomic_write_json(out, summarize(trace, config))
+        from overlapcheck.report.json import JsonRenderer
+
+        atomic_write_bytes(out, JsonRenderer(digits=None).render(summarize(trace, config)).encode())
         result: dict[str, Any] = {"status": "ok", "file": os.path.basename(out)}
     except Exception as exc:  # noqa: BLE001 - recorded in run.json instead
         result = {"status": "failed", "error": one_line(exc)}

@@ -2,33 +2,28 @@
 
 from __future__ import annotations
 
-import io
-import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
-from overlapcheck.errors import UserError
-
-HELP_FORMATS = click.Choice(["text", "json"])
+FORMATS = click.Choice(["text", "json", "markdown"])
 
 
-def report_options(func):
+def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `analyze` and `report`."""
     for option in reversed(
         [
             click.option(
                 "--format",
                 "fmt",
-                type=HELP_FORMATS,
+                type=FORMATS,
                 default="text",
                 show_default=True,
-                help="Terminal text, or the JSON report document (docs/report-schema.md).",
+                help="Terminal text, the JSON report document (docs/report-schema.md), or Markdown.",
             ),
-            click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the text/JSON report to FILE."),
+            click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to FILE."),
             click.option(
                 "--html", "html_path", type=click.Path(dir_okay=False), help="Also write a self-contained HTML report."
             ),
@@ -65,71 +60,72 @@ def run_report(
     force: bool,
 ) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
-    from overlapcheck.analysis import Options
-    from overlapcheck.fsutil import atomic_write, check_target
+    from overlapcheck import pipeline
+    from overlapcheck.fsutil import atomic_write
+    from overlapcheck.report import renderer
 
-    for target in (output, html_path):
-        if target:
-            check_target(target, force)  # fail before a long analysis, not after
-    options = Options(timelines=bool(html_path), config=_read_config(ds_config) if ds_config else None)
-    report = _with_progress(paths, jobs, options)
-    if fmt == "json":
-        from overlapcheck.report.json import to_json
+    targets = [t for t in (output, html_path) if t]
+    check_outputs(targets, force)  # fail before a long analysis, not after
+    config = pipeline.read_ds_config(ds_config) if ds_config else None
+    inputs = pipeline.find_inputs(paths)
+    job = pipeline.job_context(inputs, config)
+    report = _with_progress(inputs, job, pipeline.Options(timelines=bool(html_path)), jobs)
+    if output:
+        atomic_write(output, renderer(fmt).render(report), force)
+    elif fmt == "text":
+        from rich.console import Console
 
-        text = to_json(report)
-        if output:
-            atomic_write(output, text, force)
-        else:
-            sys.stdout.write(text)
+        from overlapcheck.report.terminal import TerminalRenderer
+
+        Console().print(*TerminalRenderer().renderables(report))
     else:
-        from overlapcheck.report.terminal import render
-
-        if output:
-            console = Console(record=True, width=120, file=io.StringIO())
-            render(report, console)
-            atomic_write(output, console.export_text(), force)
-        else:
-            render(report, Console())
+        sys.stdout.write(str(renderer(fmt).render(report)))
     if html_path:
-        from overlapcheck.report.html import write_html
-
-        write_html(report, html_path, force)
+        atomic_write(html_path, renderer("html").render(report), force)
         click.echo(f"HTML report: {html_path}", err=True)
-    if report["errors"]:
-        for err in report["errors"]:
-            click.echo(f"overlapcheck: error: {err['error']}", err=True)
+    if report.errors:
+        from overlapcheck.report.present import safe_line
+
+        for err in report.errors:
+            click.echo(f"overlapcheck: error: {safe_line(err.error)}", err=True)
         sys.exit(2)
 
 
-def _read_config(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except FileNotFoundError:
-        raise UserError("no such file", path) from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"not a readable JSON DeepSpeed config ({exc})", path) from None
-    if not isinstance(config, dict):
-        raise UserError("a DeepSpeed config must be a JSON object", path)
-    return config
+def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = None) -> None:
+    """Each output may be written (UserError otherwise); no two outputs are the same file, and no output is
+    one of the `inputs` (even with --force: writing a report over its baseline loses the baseline)."""
+    import os
+
+    from overlapcheck.errors import UserError
+    from overlapcheck.fsutil import check_target
+
+    seen: dict[str, str] = {}
+    for path in inputs or []:
+        seen[os.path.realpath(path)] = f"input {path}"
+    for target in targets:
+        check_target(target, force)
+        key = os.path.realpath(target)
+        if key in seen:
+            raise UserError(f"is given twice ({seen[key]}, and as an output)", target)
+        seen[key] = target
 
 
-def _with_progress(paths: list[str], jobs: int | None, options) -> dict[str, Any]:
-    from overlapcheck.analysis import analyze_paths
-    from overlapcheck.analysis.pipeline import find_inputs, input_bytes
+def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
-    inputs = find_inputs(paths)  # validates paths early, for a clean error
-    count = len(inputs.traces) + len(inputs.summaries)
+    from overlapcheck.pipeline import analyze_inputs
+
     console = Console(stderr=True)
-    if not console.is_terminal or count == 0:
-        return analyze_paths(paths, jobs=jobs, options=options)
+    if not console.is_terminal or inputs.count == 0:
+        return analyze_inputs(inputs, job, options, jobs)
     columns = (
-        TextColumn(f"reading {count} file(s)"),
+        TextColumn(f"reading {inputs.count} file(s)"),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("read", total=input_bytes(inputs))
-        return analyze_paths(paths, jobs=jobs, options=options, on_bytes=lambda n: progress.advance(task, n))
+        task = progress.add_task("read", total=inputs.total_bytes)
+        return analyze_inputs(inputs, job, options, jobs, on_bytes=lambda n: progress.advance(task, n))

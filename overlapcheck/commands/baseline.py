@@ -16,14 +16,13 @@ def command() -> None:
 @click.option("--force", is_flag=True, help="Overwrite BASE.json if it exists.")
 def save(report_path: str, baseline_path: str, force: bool) -> None:
     """Validate REPORT.json and save it as BASE.json (refuses to overwrite without --force)."""
+    from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.fsutil import atomic_write
-    from overlapcheck.report.gate import fmt_pct, load_report, rank_overlap, reduce_ranks
+    from overlapcheck.report.gate import read_report, reduce_ranks
+    from overlapcheck.report.present import pct
 
-    report = load_report(report_path)
-    with open(report_path, encoding="utf-8") as fh:
-        text = fh.read()
-    atomic_write(baseline_path, text, force)
-    median = reduce_ranks(report, lambda r: rank_overlap(r, "all"), "median", higher_is_worse=False)
-    click.echo(
-        f"saved baseline {baseline_path}: {len(report['ranks'])} ranks, overlap (median) {fmt_pct(median.value)}"
-    )
+    check_outputs([baseline_path], force, inputs=[report_path])
+    report, raw = read_report(report_path)
+    atomic_write(baseline_path, raw, force)
+    median = reduce_ranks(report, lambda r: r.overlap(), "median", higher_is_worse=False)
+    click.echo(f"saved baseline {baseline_path}: {len(report.ranks)} ranks, overlap (median) {pct(median.value)}")

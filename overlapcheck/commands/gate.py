@@ -67,6 +67,7 @@ from overlapcheck.report.gate import (
 )
 @click.option("--junit", "junit_path", metavar="FILE", help="Write JUnit XML, one test case per check.")
 @click.option("--markdown", "markdown_path", metavar="FILE", help="Write a Markdown summary.")
+@click.option("--force", is_flag=True, help="Overwrite existing --junit / --markdown files.")
 @click.pass_context
 def command(
     ctx: click.Context,
@@ -80,13 +81,15 @@ def command(
     across: str | None,
     junit_path: str | None,
     markdown_path: str | None,
+    force: bool,
 ) -> None:
     """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline."""
     from rich.console import Console
 
+    from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.junit import render_junit
-    from overlapcheck.report.markdown import render_markdown
+    from overlapcheck.report.markdown import render_gate_markdown
 
     config = GateConfig(
         min_overlap=parse_min_overlap(min_overlap),
@@ -102,6 +105,8 @@ def command(
         raise UserError("--max-exposed-regression and --max-overlap-drop need --baseline BASE.json")
     if not (config.min_overlap or config.max_exposed_share is not None or baseline_path):
         raise UserError("nothing to check: give --baseline, --min-overlap or --max-exposed-share")
+    outputs = [p for p in (junit_path, markdown_path) if p]
+    check_outputs(outputs, force, inputs=[p for p in (report_path, baseline_path) if p])
     report = load_report(report_path)
     baseline = load_report(baseline_path) if baseline_path else None
     checks = run_checks(report, config, baseline)
@@ -111,10 +116,10 @@ def command(
     code = exit_code(checks)
     console.print(verdict_line(checks), style="bold green" if code == 0 else "bold red")
 
-    markdown = render_markdown(checks, report_path, baseline_path)
+    markdown = render_gate_markdown(checks, report_path, baseline_path)
     if junit_path:
-        atomic_write(junit_path, render_junit(checks), force=True)
+        atomic_write(junit_path, render_junit(checks), force)
     if markdown_path:
-        atomic_write(markdown_path, markdown, force=True)
+        atomic_write(markdown_path, markdown, force)
     append_step_summary(markdown)
     ctx.exit(code)

@@ -1,129 +1,139 @@
 """Diagnosis: turn the measured trace into findings (what blocks the overlap, its cost, the fix).
 
-`rank_findings` runs in the worker that holds one rank's TraceModel; `merge_findings` runs once over the report
-document, merges the same finding across ranks, adds cross-rank findings and ranks them by cost. Rules:
-docs/rules.md; one module per family (syncs, waits, buckets, streams, stragglers), listed in `registry`.
+`diagnose_rank` runs where one rank's TraceModel is held (a worker process): the per-rank rules of
+`registry.RULES` over that rank's facts. `merge_findings` runs once over every rank's result: it merges the same
+finding across ranks, adds the cross-rank findings, sets severities and ranks them by cost. Rules: docs/rules.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from typing import Any
+from collections.abc import Sequence
 
+from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, RULES, Rule
+from overlapcheck.diagnose.rules.stragglers import collective_signature
+from overlapcheck.job import JobContext
+from overlapcheck.model import SEVERITIES, CollectiveSignature, Finding, Fix, RankMetrics, RankResult
 from overlapcheck.trace.model import TraceModel
 
 
-def rank_findings(model: TraceModel, rank: dict[str, Any], config: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Findings on one rank's trace (runs in the worker that holds the model). Entries whose rule starts with
-    `_` carry compact per-rank data for the cross-rank rules and are not findings."""
-    from overlapcheck.diagnose import registry
-    from overlapcheck.diagnose.context import RankView
+def diagnose_rank(
+    model: TraceModel, metrics: RankMetrics, job: JobContext
+) -> tuple[list[Finding], CollectiveSignature | None]:
+    """The findings on one rank's trace (severity against that rank's own step), and its collective signature
+    for the cross-rank rules."""
+    facts = RankFacts(model, metrics, job)
+    found: list[Finding] = []
+    for rule in RULES:
+        if rule.find is None:
+            continue
+        # DeepSpeed always has the inherent syncs: report them only when they cost something
+        found.extend(f for f in rule.find(facts) if not (rule.inherent and f.cost_us < INHERENT_MIN_US))
+    found = _apply_claims(found)
+    step_us = facts.step_time_us
+    return [_with_severity(f, step_us) for f in found], collective_signature(facts)
 
-    registry.load()
-    view = RankView(model, rank, config)
-    out: list[dict[str, Any]] = []
-    for rule in registry.RANK_RULES:
-        out.extend(rule(view))
-    _apply_claims(out, registry.CLAIMS)
+
+def _apply_claims(findings: list[Finding]) -> list[Finding]:
+    """Subtract from a finding's cost what a more specific finding on the same rank already explains."""
+    out = []
+    for claimed in findings:
+        cost = claimed.cost_us
+        for claimant in findings:
+            if claimed.rule in BY_ID[claimant.rule].explains:
+                cost = round(max(0.0, cost - claimant.cost_us), 3)
+        out.append(dataclasses.replace(claimed, cost_us=cost) if cost != claimed.cost_us else claimed)
     return out
 
 
-def _apply_claims(findings: list[dict[str, Any]], claims: dict[str, tuple[str, ...]]) -> None:
-    """Subtract from a finding's cost what a more specific finding on the same rank already explains."""
-    for claimant in findings:
-        for claimed in findings:
-            if claimed["rule"] in claims.get(claimant["rule"], ()):
-                claimed["cost_us"] = round(max(0.0, claimed["cost_us"] - claimant["cost_us"]), 3)
+def severity_of(cost_us: float, step_us: float, rule: Rule) -> str:
+    """critical / warning / info from the share of the step a finding costs, never above the rule's cap."""
+    share = cost_us / step_us if step_us > 0 else 0.0
+    level = "critical" if share >= rule.shares[0] else "warning" if share >= rule.shares[1] else "info"
+    cap = rule.severity_cap
+    if cap is not None and SEVERITIES.index(cap) > SEVERITIES.index(level):
+        return cap
+    return level
 
 
-def merge_findings(report: dict[str, Any], config: dict[str, Any] | None) -> tuple[list[dict[str, Any]], float | None]:
+def _with_severity(f: Finding, step_us: float) -> Finding:
+    return dataclasses.replace(f, severity=severity_of(f.cost_us, step_us, BY_ID[f.rule]))
+
+
+def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list[Finding], float | None]:
     """Merge per-rank findings across ranks, add cross-rank findings, rank them by cost.
 
-    Returns the findings and the share of exposed communication they explain.
-    """
-    from overlapcheck.diagnose import registry
-    from overlapcheck.diagnose.finding import severity_of
-
-    registry.load()
-    ranks = report.get("ranks") or []
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in ranks:
-        for f in r.get("_findings") or []:
-            if not str(f.get("rule", "")).startswith("_"):
-                groups.setdefault((f["rule"], f.get("_key", "")), []).append(f)
+    `results` in rank order. Returns the findings and the share of exposed communication they explain."""
+    groups: dict[tuple[str, tuple[object, ...]], list[Finding]] = {}
+    for r in results:
+        for f in r.findings:
+            key = tuple(repr(f.evidence.get(field)) for field in BY_ID[f.rule].distinct_by)
+            groups.setdefault((f.rule, key), []).append(f)
     merged = [
-        f
-        for f in (_merge(group) for group in groups.values())
-        if f["rule"] not in registry.INHERENT or f["cost_us"] >= registry.INHERENT_MIN_US
+        m
+        for m in (_merge(group) for group in groups.values())
+        if not BY_ID[m[0].rule].inherent or m[0].cost_us >= INHERENT_MIN_US
     ]
-    for rule in registry.CROSS_RULES:
-        merged.extend(rule(report, config))
-    _paced_by_straggler(merged)
-    _drop_applied(merged, config, report.get("run"))
-    step_us = _mean([r["step_time_us"] / max(1, len(r.get("steps") or [])) for r in ranks if r.get("step_time_us")])
-    for f in merged:
-        f.pop("_key", None)
-        f.pop("_rank_costs", None)
-        if f.get("severity") is None or f["rule"] in registry.SEVERITY_CAP or f["rule"] in registry.SEVERITY_SHARES:
-            shares = registry.SEVERITY_SHARES.get(f["rule"])
-            f["severity"] = severity_of(
-                f["cost_us"], step_us, registry.SEVERITY_CAP.get(f["rule"]), *([shares] if shares else [])
-            )
-    merged.sort(key=lambda f: (-f["cost_us"], f["rule"]))
-    return merged, _explained(ranks, merged)
+    for rule in RULES:
+        if rule.cross is not None:
+            merged.extend((f, {}) for f in rule.cross(results, job))
+    findings = _paced_by_straggler(merged)
+    findings = [_drop_applied(f, job) for f in findings]
+    ranks = [r.metrics for r in results]
+    step_us = _mean([r.step_time_us / max(1, len(r.steps)) for r in ranks if r.step_time_us])
+    findings = [_with_severity(f, step_us) for f in findings]
+    findings.sort(key=lambda f: (-f.cost_us, f.rule))
+    return findings, _explained(ranks, findings)
 
 
-def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
+RankCosts = dict[int, float]  # rank -> that rank's cost of one merged finding
+
+
+def _merge(group: list[Finding]) -> tuple[Finding, RankCosts]:
     """One finding from the same rule on several ranks: mean cost over the ranks that show it, the evidence of
     the rank where it costs most, and the spread of costs across ranks."""
-    worst = max(group, key=lambda f: f["cost_us"])
-    out = dict(worst)
-    costs = {r: f["cost_us"] for f in group for r in f["ranks"]}
-    out["cost_us"] = round(_mean(list(costs.values())), 3)
-    out["_rank_costs"] = costs
-    out["ranks"] = sorted(costs)
-    out["steps"] = sorted({s for f in group for s in f["steps"]})
-    evidence = dict(worst["evidence"])
+    worst = max(group, key=lambda f: f.cost_us)
+    costs = {r: f.cost_us for f in group for r in f.ranks}
+    evidence = dict(worst.evidence)
     if len(costs) > 1:
         values = sorted(costs.values())
         evidence["cost_us_across_ranks"] = {
             "min": values[0],
             "median": statistics.median(values),
             "max": values[-1],
-            "worst_rank": max(costs, key=costs.get),
+            "worst_rank": max(costs, key=costs.__getitem__),
         }
-    out["evidence"] = evidence
-    return out
+    merged = dataclasses.replace(
+        worst,
+        cost_us=round(_mean(list(costs.values())), 3),
+        ranks=sorted(costs),
+        steps=sorted({s for f in group for s in f.steps}),
+        evidence=evidence,
+    )
+    return merged, costs
 
 
-def _paced_by_straggler(findings: list[dict[str, Any]]) -> None:
+def _paced_by_straggler(findings: list[tuple[Finding, RankCosts]]) -> list[Finding]:
     """With a straggler, every collective waits for it, so the step runs at the straggler's pace: a per-rank
     cause costs the job what it costs on the straggler's rank. Elsewhere its measured cost includes the time
     that rank waits inside collectives for the straggler, which the straggler finding already counts."""
-    slow = next((f["ranks"][0] for f in findings if f["rule"] == "straggler" and f["ranks"]), None)
-    if slow is None:
-        return
-    for f in findings:
-        costs = f.get("_rank_costs") or {}
-        if slow in costs and len(costs) > 1:
-            f["cost_us"] = round(costs[slow], 3)
-            f["evidence"] = {**f["evidence"], "cost_from_rank": slow}
+    slow = next((f.ranks[0] for f, _ in findings if f.rule == "straggler" and f.ranks), None)
+    out = []
+    for f, costs in findings:
+        if slow is not None and slow in costs and len(costs) > 1:
+            f = dataclasses.replace(f, cost_us=round(costs[slow], 3), evidence={**f.evidence, "cost_from_rank": slow})
+        out.append(f)
+    return out
 
 
-def _explained(ranks: list[dict[str, Any]], findings: list[dict[str, Any]]) -> float | None:
+def _explained(ranks: Sequence[RankMetrics], findings: list[Finding]) -> float | None:
     """Share of the exposed communication per step (mean over ranks) that the findings' costs account for."""
-    exposed = _mean(
-        [
-            sum(s["collectives"]["all"]["exposed_us"] for s in r["steps"]) / len(r["steps"])
-            if r.get("steps")
-            else r["collectives"]["all"]["exposed_us"]
-            for r in ranks
-            if r["collectives"]["all"]["count"]
-        ]
-    )
+    exposed = _mean([r.exposed_per_step() for r in ranks if r.collectives["all"].count])
     if not exposed:
         return None
-    explained = sum(f["cost_us"] for f in findings if f.get("explains_exposed", True))
+    explained = sum(f.cost_us for f in findings)
     return round(min(1.0, explained / exposed), 4)
 
 
@@ -131,27 +141,20 @@ def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
-def _drop_applied(findings: list[dict[str, Any]], config: dict[str, Any] | None, run: dict[str, Any] | None) -> None:
-    """Remove from fixes what the job already has: an upgrade to a DeepSpeed it runs, an environment variable
-    its environment does not set (when the run manifest or the config's `_overlapcheck_job` lists them)."""
-    job = (config or {}).get("_overlapcheck_job") if isinstance(config, dict) else None
-    job = job if isinstance(job, dict) else {}
-    run = run if isinstance(run, dict) else {}
-    versions = run.get("versions") if isinstance(run.get("versions"), dict) else {}
-    installed = versions.get("deepspeed") or job.get("deepspeed")
-    env = run.get("env") if isinstance(run.get("env"), dict) else job.get("env")
-    for f in findings:
-        fix = f.get("fix") or {}
-        upgrade = fix.get("upgrade")
-        wanted = upgrade.split(">=", 1)[1] if isinstance(upgrade, str) and upgrade.startswith("deepspeed>=") else None
-        if wanted and isinstance(installed, str) and _version(installed) >= _version(wanted):
-            fix.pop("upgrade")
-        if isinstance(fix.get("env"), dict) and isinstance(env, dict):
-            kept = {k: v for k, v in fix["env"].items() if v is not None or k in env}
-            if kept:
-                fix["env"] = kept
-            else:
-                fix.pop("env")
+def _drop_applied(f: Finding, job: JobContext) -> Finding:
+    """Remove from a fix what the job already has: an upgrade to a DeepSpeed it runs, an environment variable to
+    unset that its environment does not set (when the job context records them)."""
+    fix = f.fix
+    upgrade = fix.upgrade
+    wanted = upgrade.split(">=", 1)[1] if isinstance(upgrade, str) and upgrade.startswith("deepspeed>=") else None
+    if wanted and job.deepspeed_version and _version(job.deepspeed_version) >= _version(wanted):
+        upgrade = None
+    env = fix.env
+    if env is not None and job.env is not None:
+        env = {k: v for k, v in env.items() if v is not None or k in job.env} or None
+    if upgrade == fix.upgrade and env == fix.env:
+        return f
+    return dataclasses.replace(f, fix=Fix(config=fix.config, env=env, upgrade=upgrade))
 
 
 def _version(text: str) -> tuple[int, ...]:

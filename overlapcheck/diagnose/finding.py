@@ -1,4 +1,4 @@
-"""The FINDING document (docs/report-schema.md) and the helpers that fill in its `fix`.
+"""Helpers the rules build findings with: the Finding itself, its severity, and its `fix`.
 
 A fix is machine-applicable: `config` maps dotted ds_config paths to values, `env` maps variables to values
 (None = unset it), `upgrade` is a pip requirement. A fix never suggests what the config already sets.
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SEVERITIES = ("critical", "warning", "info")
-CRITICAL_SHARE = 0.10  # cost / step time at or above which a finding is critical
-WARNING_SHARE = 0.03
+from overlapcheck.model import Finding, Fix
 
 # ds_config keys that DeepSpeed also accepts at the top level of zero_optimization without the prefix
 _ZERO_ALIASES = {
@@ -28,39 +26,21 @@ def finding(
     ranks: list[int],
     steps: list[int],
     evidence: dict[str, Any],
-    fix: dict[str, Any] | None = None,
-    severity: str | None = None,
-    key: str = "",
-) -> dict[str, Any]:
-    """A FINDING. `severity` None lets the merge set it from the cost; `key` separates findings of one rule
-    that must not merge (e.g. host syncs from different call sites)."""
-    return {
-        "rule": rule,
-        "severity": severity,
-        "title": title,
-        "why": why,
-        "cost_us": round(float(cost_us), 3),
-        "ranks": sorted(ranks),
-        "steps": sorted(steps),
-        "evidence": evidence,
-        "fix": fix or {},
-        "_key": key,
-    }
-
-
-def severity_of(
-    cost_us: float,
-    step_us: float,
-    cap: str | None = None,
-    shares: tuple[float, float] = (CRITICAL_SHARE, WARNING_SHARE),
-) -> str:
-    """critical / warning / info from the share of the step a finding costs (thresholds `shares`), never above
-    `cap`."""
-    share = cost_us / step_us if step_us > 0 else 0.0
-    level = "critical" if share >= shares[0] else "warning" if share >= shares[1] else "info"
-    if cap is not None and SEVERITIES.index(cap) > SEVERITIES.index(level):
-        return cap
-    return level
+    fix: Fix | None = None,
+) -> Finding:
+    """A rank's finding. Its severity is set by the diagnosis from its cost (diagnose/__init__.py), first against
+    its own rank's step, then across ranks; `info` until then."""
+    return Finding(
+        rule=rule,
+        severity="info",
+        title=title,
+        why=why,
+        cost_us=round(float(cost_us), 3),
+        ranks=sorted(ranks),
+        steps=sorted(steps),
+        evidence=evidence,
+        fix=fix or Fix(),
+    )
 
 
 def config_value(config: dict[str, Any] | None, path: str) -> Any:
@@ -82,19 +62,12 @@ def config_value(config: dict[str, Any] | None, path: str) -> Any:
 def make_fix(
     config: dict[str, Any] | None,
     settings: dict[str, Any] | None = None,
-    env: dict[str, Any] | None = None,
+    env: dict[str, str | None] | None = None,
     upgrade: str | None = None,
-) -> dict[str, Any]:
+) -> Fix:
     """A `fix` without the settings the config already has."""
-    out: dict[str, Any] = {}
     wanted = {k: v for k, v in (settings or {}).items() if config_value(config, k) != v}
-    if wanted:
-        out["config"] = wanted
-    if env:
-        out["env"] = dict(env)
-    if upgrade:
-        out["upgrade"] = upgrade
-    return out
+    return Fix(config=wanted or None, env=dict(env) if env else None, upgrade=upgrade or None)
 
 
 def round_size(n: float) -> int:

@@ -1,50 +1,68 @@
-"""The rules, in one list each: per-rank rules (TraceModel view -> findings) and cross-rank rules (the report's
-per-rank data -> findings). Order matters for the sync rules: the first rule that claims a sync owns it."""
+"""Every rule, in one ordered list. A per-rank rule reads one rank's facts (`RankFacts`) and returns findings; a
+cross-rank rule reads every rank's result. Order matters only where rules share costs (`explains`) and for
+the order of equal-cost findings. docs/rules.md describes each rule; to add one, write its function in a
+module of `rules/` and list it here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from overlapcheck.diagnose.context import RankView
+from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.diagnose.rules import buckets, stragglers, streams, syncs, waits
+from overlapcheck.job import JobContext
+from overlapcheck.model import Finding, RankResult
 
-RankRule = Callable[[RankView], list[dict[str, Any]]]
-CrossRule = Callable[[dict[str, Any], dict[str, Any] | None], list[dict[str, Any]]]
+RankRule = Callable[[RankFacts], list[Finding]]
+CrossRule = Callable[[Sequence[RankResult], JobContext], list[Finding]]
 
-RANK_RULES: list[RankRule] = []
-CROSS_RULES: list[CrossRule] = []
-
-# rule id -> highest severity it may get (None: from its cost)
-SEVERITY_CAP: dict[str, str] = {}
-
-# DeepSpeed syncs every ZeRO-3 run has: reported only when they cost at least this much per step
-INHERENT = {"epilogue-sync", "reduce-event-throttle", "fetch-throttle"}
-INHERENT_MIN_US = 1.0
-
-# rule id -> (critical, warning) cost shares of the step, for rules whose cost is partly inherent: ZeRO-3 always
-# waits for the first all-gather of a pass, and prefetched gathers slower than the compute they hide behind
-SEVERITY_SHARES: dict[str, tuple[float, float]] = {"cross-stream-wait": (0.15, 0.05)}
-
-# rule id -> rules whose cost on the same rank it already explains (subtracted from theirs): the epilogue sync
-# waits for exactly the reduce-scatters that the bucket and stream rules explain
-CLAIMS: dict[str, tuple[str, ...]] = {
-    "reduce-scatter-deferred": ("epilogue-sync",),
-    "overlap-comm-disabled": ("epilogue-sync",),
-    "no-stream-concurrency": ("epilogue-sync",),
-    "same-communicator": ("epilogue-sync",),
-}
+CRITICAL_SHARE = 0.10  # cost / step time at or above which a finding is critical
+WARNING_SHARE = 0.03
+INHERENT_MIN_US = 1.0  # an inherent rule's finding is reported only from this cost per step
 
 
-def rank_rule(fn: RankRule) -> RankRule:
-    RANK_RULES.append(fn)
-    return fn
+@dataclass(frozen=True)
+class Rule:
+    """One rule: its id (the findings' `rule`), its function, and how its findings are weighed.
+
+    - `severity_cap`: the highest severity its findings may get (None: from the cost alone);
+    - `inherent`: every ZeRO-3 run has this cause; its findings are kept only from INHERENT_MIN_US per step;
+    - `shares`: the (critical, warning) shares of the step for its severity;
+    - `explains`: rules whose cost on the same rank this rule's findings already explain (subtracted there);
+    - `distinct_by`: evidence fields that tell two findings of this rule apart (one per call site, per
+      collective); findings of the same rule on several ranks merge when these fields agree.
+    """
+
+    id: str
+    find: RankRule | None = None
+    cross: CrossRule | None = None
+    severity_cap: str | None = None
+    inherent: bool = False
+    shares: tuple[float, float] = (CRITICAL_SHARE, WARNING_SHARE)
+    explains: tuple[str, ...] = ()
+    distinct_by: tuple[str, ...] = ()
 
 
-def cross_rule(fn: CrossRule) -> CrossRule:
-    CROSS_RULES.append(fn)
-    return fn
+RULES: tuple[Rule, ...] = (
+    Rule("reduce-scatter-deferred", buckets.reduce_scatter_deferred, explains=("epilogue-sync",)),
+    Rule("overlap-comm-disabled", buckets.overlap_comm_disabled, explains=("epilogue-sync",)),
+    Rule("tiny-collectives", buckets.tiny_collectives, severity_cap="warning"),
+    Rule("comms-logger-sync", syncs.owned_by("comms-logger-sync")),
+    Rule("throughput-timer-sync", syncs.owned_by("throughput-timer-sync")),
+    Rule("offload-blocking-copy", syncs.owned_by("offload-blocking-copy")),
+    Rule("reduce-event-throttle", syncs.owned_by("reduce-event-throttle"), inherent=True),
+    Rule("fetch-throttle", syncs.owned_by("fetch-throttle"), inherent=True),
+    # the last bucket is always exposed; reduce-scatter-deferred owns big ones
+    Rule("epilogue-sync", syncs.owned_by("epilogue-sync"), severity_cap="info", inherent=True),
+    Rule("host-sync", syncs.owned_by("host-sync"), distinct_by=("calls", "call_site")),
+    Rule("same-communicator", streams.same_communicator, explains=("epilogue-sync",)),
+    Rule("no-stream-concurrency", streams.no_stream_concurrency, explains=("epilogue-sync",)),
+    Rule("allgather-not-prefetched", waits.allgather_not_prefetched),
+    # ZeRO-3 always waits for the first all-gather of a pass, and for prefetched gathers slower than the
+    # compute they hide behind: a wait is partly inherent, so it needs a larger share to matter
+    Rule("cross-stream-wait", waits.cross_stream_waits, shares=(0.15, 0.05), distinct_by=("waited_for",)),
+    Rule("straggler", cross=stragglers.straggler),
+)
 
-
-def load() -> None:
-    """Import the rule modules (each registers its rules on import)."""
-    from overlapcheck.diagnose import buckets, syncs, streams, waits, stragglers  # noqa: F401, I001
+BY_ID = {rule.id: rule for rule in RULES}

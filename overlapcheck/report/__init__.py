@@ -1,1 +1,30 @@
-"""Renderers: each takes the report document (docs/report-schema.md) and writes one output format."""
+"""Renderers: each turns the Report into one output format, behind one interface (`base.Renderer`).
+
+`renderer(name)` picks one by the name `--format` uses: `text` (rich terminal), `json` (the documented
+document), `markdown` (for pull-request comments), `html` (one self-contained page). Labels, units, number
+formats and the verdict live in `present`, shared by all of them and by the gate's outputs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from overlapcheck.report.base import Renderer
+
+# name -> (module, class); modules are imported on first use (jinja2 and rich only when needed)
+RENDERERS = {
+    "text": ("overlapcheck.report.terminal", "TerminalRenderer"),
+    "json": ("overlapcheck.report.json", "JsonRenderer"),
+    "markdown": ("overlapcheck.report.markdown", "MarkdownRenderer"),
+    "html": ("overlapcheck.report.html", "HtmlRenderer"),
+}
+
+
+def renderer(name: str) -> Renderer:
+    """The renderer called `name` (one of RENDERERS)."""
+    module, cls = RENDERERS[name]
+    instance: Renderer = getattr(importlib.import_module(module), cls)()
+    return instance
+
+
+__all__ = ["RENDERERS", "Renderer", "renderer"]

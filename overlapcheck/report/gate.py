@@ -1,4 +1,4 @@
-"""The CI regression gate: checks an `overlapcheck.report/1` document against thresholds and a baseline.
+"""The CI regression gate: checks a Report against thresholds and a baseline Report.
 
 How checks treat ranks (documented in docs/ci-gate.md):
 - every check reduces the per-rank values to one number, either the *worst* rank (the lowest overlap, the
@@ -22,22 +22,17 @@ import os
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from overlapcheck.errors import UserError
-from overlapcheck.fsutil import open_input
+from overlapcheck.fsutil import read_bytes
+from overlapcheck.model import COLLECTIVE_KEYS, RankMetrics, Report
+from overlapcheck.report.present import duration as fmt_us
+from overlapcheck.report.present import pct as fmt_pct
 
-SCHEMA_PREFIX = "overlapcheck.report/"
-SUPPORTED_MAJOR = 1
-COLLECTIVE_KINDS = (
-    "all",
-    "reduce_scatter",
-    "all_gather",
-    "all_reduce",
-    "all_to_all",
-    "send_recv",
-    "broadcast",
-    "other",
-)
+if TYPE_CHECKING:
+    from rich.table import Table
+
 ACROSS = ("worst", "median")
 DEFAULT_REGRESSION = {"all": 0.10}  # with --baseline and no explicit baseline check
 DEFAULT_DROP = {"all": 0.05}
@@ -73,36 +68,24 @@ class GateConfig:
 # ----------------------------------------------------------------------------------------------- input
 
 
-def load_report(path: str) -> dict:
-    """Read and minimally validate a report document; any problem is a UserError (exit code 2)."""
-    with open_input(path, "a report .json file") as fh:
-        raw = fh.read()
+MAX_REPORT_BYTES = 1 << 30  # a report larger than this is not one overlapcheck wrote
+
+
+def load_report(path: str) -> Report:
+    """Read and validate a report document; any problem is a UserError (exit code 2)."""
+    return read_report(path)[0]
+
+
+def read_report(path: str) -> tuple[Report, bytes]:
+    """The validated Report of a JSON file, and the file's bytes."""
+    raw = read_bytes(path, "an overlapcheck report", MAX_REPORT_BYTES)
     try:
         doc = json.loads(raw)
+    except RecursionError:
+        raise UserError("not an overlapcheck report: JSON nested too deeply", path) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"not JSON ({exc})".splitlines()[0], path) from None
-    validate_report(doc, path)
-    return doc
-
-
-def validate_report(doc: object, path: str | None = None) -> None:
-    """Raise UserError unless `doc` looks like an `overlapcheck.report/1` document."""
-    schema = doc.get("schema") if isinstance(doc, dict) else None
-    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
-        raise UserError(f'not an overlapcheck report (expected "schema": "{SCHEMA_PREFIX}{SUPPORTED_MAJOR}")', path)
-    major = schema[len(SCHEMA_PREFIX) :].split(".")[0]
-    if major != str(SUPPORTED_MAJOR):
-        raise UserError(
-            f"report schema {schema!r} is not supported; this overlapcheck reads {SCHEMA_PREFIX}{SUPPORTED_MAJOR}", path
-        )
-    ranks = doc.get("ranks")
-    if not isinstance(ranks, list):
-        raise UserError("malformed report: 'ranks' is not a list", path)
-    for i, rank in enumerate(ranks):
-        if not isinstance(rank, dict) or not isinstance(rank.get("collectives"), dict):
-            raise UserError(f"malformed report: ranks[{i}] has no 'collectives'", path)
-        if not isinstance(rank.get("rank"), int):
-            raise UserError(f"malformed report: ranks[{i}] has no integer 'rank'", path)
+    return Report.from_dict(doc, path), raw
 
 
 def parse_fraction(text: str, what: str, allow_over_one: bool = False) -> float:
@@ -126,8 +109,8 @@ def parse_fraction(text: str, what: str, allow_over_one: bool = False) -> float:
 
 def _kind(name: str, what: str) -> str:
     kind = name.strip().replace("-", "_")
-    if kind not in COLLECTIVE_KINDS:
-        raise UserError(f"{what}: unknown collective {name!r} (one of {', '.join(COLLECTIVE_KINDS)})")
+    if kind not in COLLECTIVE_KEYS:
+        raise UserError(f"{what}: unknown collective {name!r} (one of {', '.join(COLLECTIVE_KEYS)})")
     return kind
 
 
@@ -168,30 +151,6 @@ def parse_us(text: str, what: str) -> float:
 # ------------------------------------------------------------------------------------------- per rank
 
 
-def rank_overlap(rank: dict, kind: str) -> float | None:
-    """`collectives.<kind>.overlap` of one rank (None when it has no such communication)."""
-    return _num((rank.get("collectives") or {}).get(kind, {}).get("overlap"))
-
-
-def rank_exposed_share(rank: dict) -> float | None:
-    return _num(rank.get("exposed_share"))
-
-
-def rank_exposed_per_step(rank: dict, kind: str) -> float:
-    """Exposed communication of `kind` per profiled step (µs): the mean over steps, else the whole trace."""
-    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict)]
-    values = [_num((s.get("collectives") or {}).get(kind, {}).get("exposed_us")) or 0.0 for s in steps]
-    if values:
-        return sum(values) / len(values)
-    return _num((rank.get("collectives") or {}).get(kind, {}).get("exposed_us")) or 0.0
-
-
-def _num(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 @dataclass(frozen=True)
 class Reduced:
     """A per-rank metric reduced across ranks: the value, which rank it is ('median' has none), and N."""
@@ -208,9 +167,11 @@ class Reduced:
         return f"worst rank {self.rank} of {self.ranks}"
 
 
-def reduce_ranks(report: dict, metric: Callable[[dict], float | None], across: str, higher_is_worse: bool) -> Reduced:
+def reduce_ranks(
+    report: Report, metric: Callable[[RankMetrics], float | None], across: str, higher_is_worse: bool
+) -> Reduced:
     """Reduce `metric` over the report's ranks (ignoring ranks where it is None)."""
-    pairs = [(r["rank"], v) for r in report.get("ranks", []) if (v := metric(r)) is not None]
+    pairs = [(r.rank, v) for r in report.ranks if r.rank is not None and (v := metric(r)) is not None]
     if not pairs:
         return Reduced(None, None, 0)
     if across == "median":
@@ -223,22 +184,7 @@ def reduce_ranks(report: dict, metric: Callable[[dict], float | None], across: s
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def fmt_pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.1f}%"
-
-
-def fmt_us(value: float | None) -> str:
-    """Microseconds for people: 850 µs, 12.3 ms, 1.20 s."""
-    if value is None:
-        return "n/a"
-    if abs(value) >= 1e6:
-        return f"{value / 1e6:.2f} s"
-    if abs(value) >= 1e3:
-        return f"{value / 1e3:.1f} ms"
-    return f"{value:.0f} µs"
-
-
-def run_checks(report: dict, config: GateConfig, baseline: dict | None = None) -> list[Check]:
+def run_checks(report: Report, config: GateConfig, baseline: Report | None = None) -> list[Check]:
     """Every check the configuration asks for, in a stable order (inputs, thresholds, regressions)."""
     if config.across is not None and config.across not in ACROSS:
         raise UserError(f"--across must be one of {', '.join(ACROSS)}")
@@ -263,9 +209,9 @@ def exit_code(checks: list[Check]) -> int:
     return 0 if all(c.passed for c in checks) else 1
 
 
-def _inputs_check(report: dict) -> Check:
-    errors = report.get("errors") or []
-    n = len(report.get("ranks") or [])
+def _inputs_check(report: Report) -> Check:
+    errors = report.errors
+    n = len(report.ranks)
     if not n:
         return Check(
             "inputs",
@@ -276,7 +222,7 @@ def _inputs_check(report: dict) -> Check:
             "the report has no ranks: nothing was measured",
         )
     if errors:
-        sources = ", ".join(str(e.get("source", "?")) for e in errors[:3] if isinstance(e, dict))
+        sources = ", ".join(e.source for e in errors[:3])
         more = f" and {len(errors) - 3} more" if len(errors) > 3 else ""
         return Check(
             "inputs",
@@ -289,8 +235,8 @@ def _inputs_check(report: dict) -> Check:
     return Check("inputs", "inputs read", True, f"{n} rank{'s' if n != 1 else ''}", "≥ 1 rank, all readable")
 
 
-def _min_overlap_check(report: dict, kind: str, threshold: float, across: str) -> Check:
-    red = reduce_ranks(report, lambda r: rank_overlap(r, kind), across, higher_is_worse=False)
+def _min_overlap_check(report: Report, kind: str, threshold: float, across: str) -> Check:
+    red = reduce_ranks(report, lambda r: r.overlap(kind), across, higher_is_worse=False)
     name = f"{kind} overlap ({across})"
     limit = f"≥ {fmt_pct(threshold)}"
     if red.value is None:
@@ -305,8 +251,8 @@ def _min_overlap_check(report: dict, kind: str, threshold: float, across: str) -
     return Check(f"min-overlap.{kind}", name, red.value >= threshold, fmt_pct(red.value), limit, red.where(across))
 
 
-def _exposed_share_check(report: dict, threshold: float, across: str) -> Check:
-    red = reduce_ranks(report, rank_exposed_share, across, higher_is_worse=True)
+def _exposed_share_check(report: Report, threshold: float, across: str) -> Check:
+    red = reduce_ranks(report, lambda r: r.exposed_share, across, higher_is_worse=True)
     name = f"exposed share of step time ({across})"
     limit = f"≤ {fmt_pct(threshold)}"
     if red.value is None:
@@ -314,9 +260,9 @@ def _exposed_share_check(report: dict, threshold: float, across: str) -> Check:
     return Check("max-exposed-share", name, red.value <= threshold, fmt_pct(red.value), limit, red.where(across))
 
 
-def _regression_check(report: dict, baseline: dict, kind: str, rel: float, config: GateConfig) -> Check:
-    def metric(r: dict) -> float:
-        return rank_exposed_per_step(r, kind)
+def _regression_check(report: Report, baseline: Report, kind: str, rel: float, config: GateConfig) -> Check:
+    def metric(r: RankMetrics) -> float:
+        return r.exposed_per_step(kind)
 
     across = config.reduction(True)
     cur = reduce_ranks(report, metric, across, higher_is_worse=True)
@@ -336,9 +282,9 @@ def _regression_check(report: dict, baseline: dict, kind: str, rel: float, confi
     return Check(f"exposed-regression.{kind}", name, delta <= allowed, measured, limit, detail)
 
 
-def _overlap_drop_check(report: dict, baseline: dict, kind: str, points: float, across: str) -> Check:
-    def metric(r: dict) -> float | None:
-        return rank_overlap(r, kind)
+def _overlap_drop_check(report: Report, baseline: Report, kind: str, points: float, across: str) -> Check:
+    def metric(r: RankMetrics) -> float | None:
+        return r.overlap(kind)
 
     cur = reduce_ranks(report, metric, across, higher_is_worse=False)
     base = reduce_ranks(baseline, metric, across, higher_is_worse=False)
@@ -363,17 +309,19 @@ def _overlap_drop_check(report: dict, baseline: dict, kind: str, points: float, 
 # ---------------------------------------------------------------------------------------------- output
 
 
-def render_table(checks: list[Check]):
+def render_table(checks: list[Check]) -> Table:
     """A rich Table of the checks (rich is imported here, not at module import)."""
     from rich.table import Table
     from rich.text import Text
+
+    from overlapcheck.report.present import safe_line
 
     table = Table(title="overlapcheck gate", title_justify="left", header_style="bold")
     for col in ("result", "check", "measured", "limit", "detail"):
         table.add_column(col, overflow="fold")
     for c in checks:
         result = Text("PASS", style="bold green") if c.passed else Text("FAIL", style="bold red")
-        table.add_row(result, Text(c.name), Text(c.measured), Text(c.limit), Text(c.detail, style="dim"))
+        table.add_row(result, Text(c.name), Text(c.measured), Text(c.limit), Text(safe_line(c.detail), style="dim"))
     return table
 
 

@@ -1,4 +1,4 @@
-"""The JSON report: the `overlapcheck.report/1` document (docs/report-schema.md)."""
+"""The JSON report: the `overlapcheck.report/1` document (docs/report-schema.md) is `Report.to_dict()`."""
 
 from __future__ import annotations
 
@@ -6,21 +6,30 @@ import json
 import math
 from typing import Any
 
-# keys that live only in memory (for the HTML renderer), never in the JSON contract
-IN_MEMORY_KEYS = ("timelines",)
+from overlapcheck.model import Report
 
 
-def to_json(report: dict[str, Any]) -> str:
-    """Serialize the report; floats are rounded to 6 decimals, non-finite numbers become null."""
-    doc = {k: v for k, v in report.items() if k not in IN_MEMORY_KEYS}
-    return json.dumps(_clean(doc), indent=2, ensure_ascii=False) + "\n"
+class JsonRenderer:
+    """`Report.to_dict()` as JSON: floats rounded to `digits` decimals (None: as computed), non-finite
+    numbers as null."""
+
+    name = "json"
+    extension = ".json"
+
+    def __init__(self, digits: int | None = 6):
+        self.digits = digits
+
+    def render(self, report: Report) -> str:
+        return json.dumps(_clean(report.to_dict(), self.digits), indent=2, ensure_ascii=False) + "\n"
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: Any, digits: int | None) -> Any:
     if isinstance(value, float):
-        return round(value, 6) if math.isfinite(value) else None
+        if not math.isfinite(value):
+            return None
+        return round(value, digits) if digits is not None else value
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return {str(k): _clean(v, digits) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v, digits) for v in value]
     return value

@@ -1,41 +1,89 @@
-"""Markdown summary of the gate (for $GITHUB_STEP_SUMMARY, PR comments and --markdown FILE)."""
+"""Markdown: the report for a pull-request comment, and the gate's summary (for $GITHUB_STEP_SUMMARY)."""
 
 from __future__ import annotations
 
-from overlapcheck.report.gate import Check
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from overlapcheck.model import ALL, Report
+from overlapcheck.report import present as P
+
+if TYPE_CHECKING:
+    from overlapcheck.report.gate import Check
 
 
-def _cell(text: str) -> str:
-    """One table cell: no line breaks, pipes and markup characters escaped."""
-    out = " ".join(str(text).split())
+def cell(text: object) -> str:
+    """One table cell: one line, control characters shown, pipes and markup characters escaped."""
+    out = P.safe_line(text)
     for ch in "\\|`*_<>[]":
         out = out.replace(ch, "\\" + ch)
     return out or " "
 
 
-def render_markdown(checks: list[Check], report_path: str, baseline_path: str | None = None) -> str:
-    """A heading with the verdict, what was compared, and a table with one row per check."""
+def code(text: object) -> str:
+    return P.safe_line(text).replace("`", "'")
+
+
+class MarkdownRenderer:
+    """The verdict, the per-collective table, the worst ranks and the findings with their fixes."""
+
+    name = "markdown"
+    extension = ".md"
+
+    def render(self, report: Report) -> str:
+        v = P.verdict(report)
+        mark = {"good": "✅", "warn": "⚠️", "bad": "❌", "none": "ℹ️"}[v.level]
+        lines = [f"### {mark} overlapcheck: {cell(v.headline)}", "", cell(v.sentence()), ""]
+        rows = P.kind_rows(report)
+        if rows:
+            lines += [
+                "| collective | kernels/step | overlap | worst overlap (rank) | exposed ms/step | total ms/step |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            for row in rows:
+                lines.append(
+                    f"| {cell(row.label)} | {row.count_per_step:.1f} | {P.pct(row.overlap)} | "
+                    f"{P.pct(row.worst_overlap)} ({row.worst_rank}) | {P.ms(row.exposed_us_per_step)} | "
+                    f"{P.ms(row.time_us_per_step)} |"
+                )
+            lines += ["", "Per step: the mean over a rank's profiled steps; each column: the median rank.", ""]
+        worst = P.worst_first(report.ranks)[:5]
+        if len(report.ranks) > 1 and worst:
+            lines += [
+                "| rank (lowest overlap first) | overlap | exposed ms/step | exposed % of step |",
+                "|---|---:|---:|---:|",
+            ]
+            for r in worst:
+                exposed = P.ms(P.per_step(r, ALL, "exposed_us"))
+                lines.append(f"| {r.rank} | {P.pct(r.overlap())} | {exposed} | {P.pct(r.exposed_share)} |")
+            lines.append("")
+        if report.findings:
+            lines.append(f"**Findings** ({cell(P.explained(report) or 'ranked by cost')}):")
+            lines.append("")
+            for i, f in enumerate(report.findings, 1):
+                lines.append(
+                    f"{i}. **[{f.severity}] {cell(f.title)}** (`{code(f.rule)}`, {P.ms(f.cost_us)} ms/step, "
+                    f"ranks {P.rank_ranges(f.ranks)})"
+                )
+                lines += [f"   - fix: `{code(line)}`" for line in P.fix_lines(f.fix)]
+            lines.append("")
+        for err in report.errors:
+            lines.append(f"- error: {cell(err.error)}")
+        return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_gate_markdown(checks: Sequence[Check], report_path: str, baseline_path: str | None = None) -> str:
+    """A heading with the gate's verdict, what was compared, and a table with one row per check."""
     failed = [c for c in checks if not c.passed]
     head = (
         f"### ❌ overlapcheck gate failed: {len(failed)} of {len(checks)} checks"
         if failed
         else f"### ✅ overlapcheck gate passed: {len(checks)} checks"
     )
-    lines = [
-        head,
-        "",
-        f"Report `{_code(report_path)}`"
-        + (f" compared with baseline `{_code(baseline_path)}`" if baseline_path else "")
-        + ".",
-        "",
-        "| | check | measured | limit | detail |",
-        "|---|---|---|---|---|",
-    ]
+    compared = f" compared with baseline `{code(baseline_path)}`" if baseline_path else ""
+    lines = [head, "", f"Report `{code(report_path)}`{compared}.", "", "| | check | measured | limit | detail |"]
+    lines.append("|---|---|---|---|---|")
     for c in checks:
         mark = "✅" if c.passed else "❌"
-        lines.append(f"| {mark} | {_cell(c.name)} | {_cell(c.measured)} | {_cell(c.limit)} | {_cell(c.detail)} |")
+        lines.append(f"| {mark} | {cell(c.name)} | {cell(c.measured)} | {cell(c.limit)} | {cell(c.detail)} |")
     return "\n".join(lines) + "\n"
-
-
-def _code(text: str) -> str:
-    return " ".join(str(text).split()).replace("`", "'")

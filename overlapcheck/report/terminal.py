@@ -2,164 +2,124 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import io
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from overlapcheck.analysis.metrics import COLLECTIVE_KEYS
+from overlapcheck.model import ALL, Finding, Report
+from overlapcheck.report import present as P
 
-MAX_RANK_ROWS = 16
-GOOD, FAIR = 0.8, 0.5
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+_LEVEL_STYLE = {"good": "green", "warn": "yellow", "bad": "red", "none": "blue"}
 
 
-def render(report: dict[str, Any], console: Console) -> None:
-    """Print the report."""
-    ranks = report["ranks"]
-    if ranks:
-        console.print(_verdict(report))
-        console.print(_collective_table(report))
-        console.print(_rank_table(ranks))
-    if report.get("findings"):
-        console.print(_findings(report))
-    notes = sorted({note for r in ranks for note in r.get("notes", [])})
-    for note in notes:
-        console.print(f"[dim]note: {escape(note)}[/dim]")
-    for err in report.get("errors", []):
-        console.print(f"[red]error:[/red] {escape(err['error'])}")
+class TerminalRenderer:
+    """The report as rich renderables (`renderables`) or as plain text (`render`, `width` columns)."""
 
+    name = "text"
+    extension = ".txt"
 
-def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
+    def __init__(self, width: int = 120):
+        self.width = width
 
+    def render(self, report: Report) -> str:
+        console = Console(record=True, width=self.width, file=io.StringIO())
+        console.print(*self.renderables(report))
+        return console.export_text()
 
-def ms(us: float | None) -> str:
-    return "n/a" if us is None else f"{us / 1000:.2f}"
+    def renderables(self, report: Report) -> list[RenderableType]:
+        out: list[RenderableType] = []
+        if report.ranks:
+            out += [_verdict(report), _collective_table(report), _rank_table(report)]
+        if report.findings:
+            out.append(_findings(report))
+        for note in sorted({note for r in report.ranks for note in r.notes}):
+            out.append(Text(f"note: {P.safe(note)}", style="dim"))
+        for err in report.errors:
+            out.append(Text.assemble(("error: ", "red"), P.safe(err.error)))
+        return out
 
 
 def _overlap_text(value: float | None) -> Text:
     if value is None:
         return Text("n/a", style="dim")
-    style = "green" if value >= GOOD else "yellow" if value >= FAIR else "red"
-    return Text(pct(value), style=style)
+    style = "green" if value >= P.GOOD_OVERLAP else "yellow" if value >= P.FAIR_OVERLAP else "red"
+    return Text(P.pct(value), style=style)
 
 
-def _verdict(report: dict[str, Any]) -> Panel:
-    metrics = report["summary"]["metrics"]
-    overall = metrics.get("all.overlap")
-    share = metrics.get("exposed_share")
-    n = report["summary"]["ranks"]
-    if overall is None:
-        line = Text(f"{n} rank(s): no communication to measure.")
-    else:
-        med = overall["median"]
-        word = "hidden well" if med >= GOOD else "partly hidden" if med >= FAIR else "mostly exposed"
-        line = Text.assemble(
-            "Communication is ",
-            (word, "bold"),
-            f": median {pct(med)} overlapped across {n} rank(s)",
-            f" (worst rank {overall['worst_rank']}: {pct(overall['min'])})",
-        )
-        if share is not None:
-            line.append(f"; exposed communication is {pct(share['median'])} of step time (median).")
-    return Panel(line, title="overlapcheck", border_style="blue")
+def _verdict(report: Report) -> Panel:
+    v = P.verdict(report)
+    return Panel(Text(v.sentence()), title="overlapcheck", border_style=_LEVEL_STYLE[v.level])
 
 
-SHORT = {
-    "reduce_scatter": "RS",
-    "all_gather": "AG",
-    "all_reduce": "AR",
-    "all_to_all": "A2A",
-    "send_recv": "P2P",
-    "broadcast": "bcast",
-    "other": "other",
-}
-
-
-def present_kinds(ranks: list[dict[str, Any]]) -> list[str]:
-    """Collective kinds (not `all`) that some rank has."""
-    return [k for k in COLLECTIVE_KEYS[1:] if any(r["collectives"][k]["count"] for r in ranks)]
-
-
-def _collective_table(report: dict[str, Any]) -> Table:
-    table = Table(title="Per collective (per rank, across ranks)", title_justify="left")
-    for col in ("collective", "kernels", "overlap", "worst (rank)", "exposed ms", "total ms"):
+def _collective_table(report: Report) -> Table:
+    table = Table(title="Per collective (median rank)", title_justify="left")
+    columns = ("collective", "kernels/step", "overlap", "worst overlap (rank)", "exposed ms/step", "total ms/step")
+    for col in columns:
         table.add_column(col, justify="left" if col == "collective" else "right")
-    metrics = report["summary"]["metrics"]
-    ranks = report["ranks"]
-    for kind in ("all", *present_kinds(ranks)):
-        o = metrics.get(f"{kind}.overlap")
-        if o is None:
-            continue
-        counts = sorted(r["collectives"][kind]["count"] for r in ranks)
+    for row in P.kind_rows(report):
         table.add_row(
-            kind,
-            str(counts[len(counts) // 2]),
-            _overlap_text(o["median"]),
-            f"{pct(o['min'])} ({o['worst_rank']})",
-            ms(metrics[f"{kind}.exposed_us"]["median"]),
-            ms(metrics[f"{kind}.time_us"]["median"]),
-            style="bold" if kind == "all" else None,
+            row.label,
+            f"{row.count_per_step:.1f}".removesuffix(".0"),
+            _overlap_text(row.overlap),
+            f"{P.pct(row.worst_overlap)} ({row.worst_rank})",
+            P.ms(row.exposed_us_per_step),
+            P.ms(row.time_us_per_step),
+            style="bold" if row.kind == ALL else None,
         )
-    steps = sorted(len(r["steps"]) for r in ranks)[len(ranks) // 2]
-    over = f"the {steps} profiled steps of a rank" if steps else "each rank's trace"
-    table.caption = f"kernels, exposed and total: sums over {over}; every column: median over ranks"
+    steps = sorted(len(r.steps) for r in report.ranks)[len(report.ranks) // 2]
+    over = f"the mean over a rank's {steps} profiled steps" if steps else "each rank's whole trace (no steps)"
+    table.caption = f"per step: {over}; each column: the median rank, except worst"
     return table
 
 
-def _rank_table(ranks: list[dict[str, Any]]) -> Table:
-    shown = ranks
-    title = "Per rank"
-    if len(ranks) > MAX_RANK_ROWS:
-        shown = sorted(ranks, key=lambda r: _sort_overlap(r))[:MAX_RANK_ROWS]
-        shown.sort(key=lambda r: r["rank"])
-        title = f"Per rank: the {MAX_RANK_ROWS} with the lowest overlap of {len(ranks)}"
-    kinds = present_kinds(ranks)
+def _rank_table(report: Report) -> Table:
+    ranks = report.ranks
+    shown = P.worst_first(ranks)[: P.MAX_RANK_ROWS]
+    title = "Per rank, lowest overlap first"
+    if len(ranks) > P.MAX_RANK_ROWS:
+        title = f"Per rank: the {P.MAX_RANK_ROWS} with the lowest overlap of {len(ranks)}"
+    kinds = P.present_kinds(ranks)
     table = Table(title=title, title_justify="left")
-    for col in ("rank", "overlap", *(SHORT[k] for k in kinds), "exposed ms", "exp/step", "idle ms"):
+    header = ("rank", "overlap", *(f"{P.KIND_SHORT[k]} overlap" for k in kinds))
+    header += ("exposed ms/step", "exposed % of step", "step ms", "idle ms total")
+    for col in header:
         table.add_column(col, justify="left" if col == "rank" else "right")
     for r in shown:
-        c = r["collectives"]
+        c = r.collectives
         table.add_row(
-            str(r["rank"]),
-            _overlap_text(c["all"]["overlap"]),
-            *(_overlap_text(c[k]["overlap"]) for k in kinds),
-            ms(c["all"]["exposed_us"]),
-            pct(r["exposed_share"]),
-            ms(r["idle_us"]),
+            str(r.rank),
+            _overlap_text(c[ALL].overlap),
+            *(_overlap_text(c[k].overlap) for k in kinds),
+            P.ms(P.per_step(r, ALL, "exposed_us")),
+            P.pct(r.exposed_share),
+            P.ms(r.step_time_us / P.steps_of(r)),
+            P.ms(r.idle_us),
         )
     return table
 
 
-def _sort_overlap(rank: dict[str, Any]) -> float:
-    value = rank["collectives"]["all"]["overlap"]
-    return 2.0 if value is None else value
+def _findings(report: Report) -> Panel:
+    parts: list[RenderableType] = []
+    for i, f in enumerate(report.findings, 1):
+        parts += _finding(i, f)
+    title = "Findings" + (f" ({text})" if (text := P.explained(report)) else "")
+    return Panel(Group(*parts), title=escape(title), title_align="left", border_style="yellow")
 
 
-def _findings(report: dict[str, Any]) -> Panel:
-    parts = []
-    for i, f in enumerate(report["findings"], 1):
-        style = _SEVERITY_STYLE.get(f.get("severity", "info"), "")
-        head = Text.assemble(
-            (f"{i}. [{f.get('severity', 'info')}] ", style),
-            (f.get("title", f["rule"]), "bold"),
-            f"  ({f['rule']}, {ms(f.get('cost_us'))} ms/step)",
-        )
-        parts.append(head)
-        if f.get("why"):
-            parts.append(Text("   " + f["why"]))
-        fix = f.get("fix") or {}
-        for key, value in (fix.get("config") or {}).items():
-            parts.append(Text(f"   fix: set {key} = {json.dumps(value)}", style="green"))
-        for key, value in (fix.get("env") or {}).items():
-            parts.append(Text(f"   fix: {'unset ' + key if value is None else f'export {key}={value}'}", style="green"))
-        if fix.get("upgrade"):
-            parts.append(Text(f"   fix: upgrade to {fix['upgrade']}", style="green"))
-    share = report.get("findings_explain_share")
-    title = "Findings" + (f" (explain {pct(share)} of exposed communication)" if share is not None else "")
-    return Panel(Group(*parts), title=title, title_align="left", border_style="yellow")
+def _finding(i: int, f: Finding) -> list[RenderableType]:
+    style = _SEVERITY_STYLE.get(f.severity, "")
+    head = Text.assemble(
+        (f"{i}. [{f.severity}] ", style),
+        (P.safe_line(f.title), "bold"),
+        f"  ({f.rule}, {P.ms(f.cost_us)} ms/step, rank{'s' if len(f.ranks) != 1 else ''} {P.rank_ranges(f.ranks)})",
+    )
+    out: list[RenderableType] = [head]
+    if f.why:
+        out.append(Text("   " + P.safe_line(f.why)))
+    out += [Text(f"   fix: {line}", style="green") for line in P.fix_lines(f.fix)]
+    return out

@@ -53,6 +53,20 @@ class GpuOp:
     start: float | None = None
     end: float | None = None
 
+    @property
+    def start_time(self) -> float:
+        """`start` of an op the engine has resolved (every op once `run` returns)."""
+        if self.start is None:
+            raise RuntimeError(f"rank {self.rank}: {self.name} has no start time yet")
+        return self.start
+
+    @property
+    def end_time(self) -> float:
+        """`end` of an op the engine has resolved (every op once `run` returns)."""
+        if self.end is None:
+            raise RuntimeError(f"rank {self.rank}: {self.name} has no end time yet")
+        return self.end
+
 
 @dataclass(eq=False)
 class Event:
@@ -129,9 +143,10 @@ def _resolve(op: GpuOp) -> bool:
         if coll is None:
             op.end = op.start + op.dur
         else:
-            if len(coll.ops) < coll.size or any(o.start is None for o in coll.ops.values()):
+            starts = [o.start for o in coll.ops.values() if o.start is not None]
+            if len(coll.ops) < coll.size or len(starts) < len(coll.ops):
                 return False
-            end = max(o.start for o in coll.ops.values()) + coll.transfer_us
+            end = max(starts) + coll.transfer_us
             for o in coll.ops.values():
                 o.end = end
     return True

@@ -249,8 +249,8 @@ class Host:
         self.cpu.append(ev)
         for op in ops:
             if op.end is None:
-                yield op
-            self.t = max(self.t, op.end)
+                yield op  # the engine resumes this program only once the op's end is known
+            self.t = max(self.t, op.end_time)
         self.spend(RUNTIME_US[name], name)
         ev.dur = self.t - ev.ts
         return ev
@@ -283,4 +283,4 @@ class Host:
         for op in event.ops:
             if op.end is None:
                 yield op
-        return all(op.end <= self.t for op in event.ops)
+        return all(op.end_time <= self.t for op in event.ops)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from overlapcheck.simulate.collectives import Fabric
 from overlapcheck.simulate.config import SimConfig
-from overlapcheck.simulate.engine import Device, GpuOp, run
+from overlapcheck.simulate.engine import Device, GpuOp, Program, run
 from overlapcheck.simulate.host import CpuEvent, Host, SyncEvent
 from overlapcheck.simulate.model import RankStep
 
@@ -53,7 +53,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     fabric = Fabric(cfg)
     devices: dict[int, Device] = {}
     hosts: dict[int, Host] = {}
-    programs = {}
+    programs: dict[int, Program] = {}
     marks: dict[int, list[float]] = {}
     for rank in range(cfg.world_size):
         pid = 2_900_000 + rank * 1_373 % 900_000
@@ -68,7 +68,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     )
 
 
-def _program(rank_step: RankStep, cfg: SimConfig, marks: list[float]):
+def _program(rank_step: RankStep, cfg: SimConfig, marks: list[float]) -> Program:
     """Runs every step; `marks` gets each step's host start and the end of the last one."""
     first = cfg.first_step - WARMUP_STEPS
     for step in range(first, cfg.first_step + cfg.steps):
@@ -83,7 +83,7 @@ def step_period(device: Device, marks: list[float], profiled: int) -> float:
     step (a first all-gather issued while the previous optimizer step still ran) as step time: it is the
     throughput a change of the job would alter."""
     ends = [
-        max((op.end for op in device.ops if lo <= op.launch_ts < hi), default=lo)
+        max((op.end_time for op in device.ops if lo <= op.launch_ts < hi), default=lo)
         for lo, hi in zip(marks[:-1], marks[1:], strict=False)
     ]
     return (ends[-1] - ends[-1 - profiled]) / profiled
@@ -91,7 +91,7 @@ def step_period(device: Device, marks: list[float], profiled: int) -> float:
 
 def _window(cfg: SimConfig, rank: int, host: Host, device: Device, marks: list[float]) -> RankRun:
     start, end = marks[WARMUP_STEPS], marks[-1]
-    cpu = []
+    cpu: list[CpuEvent] = []
     for ev in host.cpu:
         if ev.ts + ev.dur < start or ev.ts > end:
             continue

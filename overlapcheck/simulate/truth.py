@@ -113,7 +113,7 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
     """The RANK fields of docs/report-schema.md for one simulated rank."""
     acts = []  # (cls, collective, start, end, launch ts) in trace time
     for op in run.gpu:
-        ts, dur = run.span(op.start, op.end)
+        ts, dur = run.span(op.start_time, op.end_time)
         launch = run.ts(op.launch_ts)
         acts.append((op.cls, op.collective or "", ts, ts + dur, launch))
     compute = merge([(s, e) for c, _, s, e, _ in acts if c == "compute"])
@@ -122,7 +122,7 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
     autograd = [
         run.span(ev.ts, ev.ts + ev.dur) for ev in run.cpu if ev.cat == "cpu_op" and ev.name.startswith(BACKWARD_OP)
     ]
-    steps = []
+    steps: list[dict[str, Any]] = []
     for ev in run.cpu:
         if ev.cat != "user_annotation" or not ev.name.startswith("ProfilerStep#"):
             continue

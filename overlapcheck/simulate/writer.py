@@ -189,7 +189,7 @@ def trace_document(cfg: SimConfig, run: RankRun) -> dict[str, Any]:
 
 
 def _gpu_events(run: RankRun, op: GpuOp) -> list[dict[str, Any]]:
-    ts, dur = run.span(op.start, op.end)
+    ts, dur = run.span(op.start_time, op.end_time)
     dev = run.local_rank
     if op.kind == "kernel":
         args = {
@@ -227,12 +227,12 @@ def _gpu_events(run: RankRun, op: GpuOp) -> list[dict[str, Any]]:
 
 def _gpu_annotations(run: RankRun) -> list[dict[str, Any]]:
     """`gpu_user_annotation` spans: each ProfilerStep on the compute stream, nccl:* on the NCCL rows."""
-    out = []
+    out: list[dict[str, Any]] = []
     steps = [ev for ev in run.cpu if ev.cat == "user_annotation" and ev.name.startswith("ProfilerStep#")]
     for ev in steps:
         ops = [op for op in run.gpu if op.stream == 7 and ev.ts <= op.launch_ts <= ev.ts + ev.dur]
         if ops:
-            ts, dur = run.span(min(op.start for op in ops), max(op.end for op in ops))
+            ts, dur = run.span(min(op.start_time for op in ops), max(op.end_time for op in ops))
             out.append(
                 {
                     "ph": "X",
@@ -252,7 +252,9 @@ def _gpu_annotations(run: RankRun) -> list[dict[str, Any]]:
     }
     for op in run.gpu:
         if op.cls == "comm":
-            ts, dur = run.span(op.start, op.end)
+            if op.collective is None:
+                raise ValueError(f"rank {run.rank}: comm op {op.name} has no collective kind")
+            ts, dur = run.span(op.start_time, op.end_time)
             out.append(
                 {
                     "ph": "X",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from overlapcheck.model import COLLECTIVE_KINDS
+
 # Activity classes (stored as small ints in the model's arrays).
 COMPUTE, COMM, MEMCPY, MEMSET = 0, 1, 2, 3
 CLASS_NAMES = ("compute", "comm", "memcpy", "memset")
 
-# Collective kinds, in report order; `all` is the union of every communication kernel.
-COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv", "broadcast", "other")
+# Collective kinds, in report order (indices into this tuple are stored in the model's arrays).
+COLLECTIVES = COLLECTIVE_KINDS
 NO_COLLECTIVE = -1
 
 KERNEL_CATS = {"kernel", "Kernel"}

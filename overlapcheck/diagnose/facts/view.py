@@ -1,4 +1,5 @@
-"""What every rule of one rank reads: the trace model plus a few derived arrays, computed once and lazily.
+"""What every rule of one rank reads: the trace model, its metrics and the job, plus derived arrays and the
+facts several rules share (stalls, stream concurrency, host syncs), each computed once and lazily.
 
 Costs are measured against `P`, the union of the rank's compute kernels (docs/metrics.md): the compute idle
 time a cause explains is the part of a window `[a, b)` that no compute kernel covers.
@@ -6,46 +7,51 @@ time a cause explains is the part of a window `[a, b)` that no compute kernel co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import launch_times, step_of
-from overlapcheck.diagnose.callsite import CallSites
+from overlapcheck.diagnose.facts import concurrency as _concurrency
+from overlapcheck.diagnose.facts import hostsyncs as _hostsyncs
+from overlapcheck.diagnose.facts import stalls as _stalls
+from overlapcheck.diagnose.facts.callsite import CallSites
+from overlapcheck.job import JobContext
+from overlapcheck.model import RankMetrics
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
 
 
-class RankView:
-    """One rank's trace, its RANK document and the ds_config, with shared derived arrays."""
+class RankFacts:
+    """One rank's trace, its metrics and the job context, with shared derived arrays and facts."""
 
-    def __init__(self, model: TraceModel, rank: dict[str, Any], config: dict[str, Any] | None):
+    def __init__(self, model: TraceModel, metrics: RankMetrics, job: JobContext | None = None):
         self.model = model
-        self.rank = rank
-        self.config = config
+        self.metrics = metrics
+        self.job = job or JobContext()
+        self.config = self.job.ds_config
         self.gpu = model.gpu
 
     # -- identity and steps ---------------------------------------------------------------------
     @property
     def rank_id(self) -> int:
-        r = self.rank.get("rank")
-        return int(r) if isinstance(r, int) else 0
+        return self.metrics.rank if self.metrics.rank is not None else 0
 
     @cached_property
     def n_steps(self) -> int:
         """Profiled steps that have GPU activity (at least 1: a trace without steps is one step)."""
-        return max(1, len(self.rank.get("steps") or []))
+        return max(1, len(self.metrics.steps))
 
     @cached_property
     def step_numbers(self) -> list[int]:
-        return [int(s["step"]) for s in self.rank.get("steps") or []]
+        return [s.step for s in self.metrics.steps]
 
     @cached_property
     def step_time_us(self) -> float:
         """Mean GPU step time (the whole span when the trace has no steps)."""
-        return float(self.rank.get("step_time_us") or 0.0) / self.n_steps
+        return float(self.metrics.step_time_us or 0.0) / self.n_steps
 
     def step_of(self, times: np.ndarray) -> np.ndarray:
         return step_of(self.model, np.asarray(times, dtype=np.float64))
@@ -61,7 +67,7 @@ class RankView:
     def names(self) -> np.ndarray:
         return np.array(self.model.names + [""], dtype=object)  # index -1 -> ""
 
-    def name_mask(self, column: np.ndarray, predicate) -> np.ndarray:
+    def name_mask(self, column: np.ndarray, predicate: Callable[[str], bool]) -> np.ndarray:
         """Rows whose interned name satisfies `predicate`, testing each distinct name once."""
         if not len(column):
             return np.zeros(0, dtype=bool)
@@ -231,3 +237,29 @@ class RankView:
         total = float(values[keep].sum())
         present = sorted({int(s) for s in steps[keep & (values > 0)].tolist()})
         return total / self.n_steps, present
+
+    # -- facts shared by several rules --------------------------------------------------------------
+    @cached_property
+    def stalls(self) -> _stalls.Stalls:
+        """The compute stream's stalls on other streams."""
+        return _stalls.find_stalls(self)
+
+    @cached_property
+    def no_concurrency(self) -> bool:
+        """Several streams carry work, communication among it, yet no two streams ever run at once."""
+        return _concurrency.no_concurrency(self)
+
+    @cached_property
+    def shared_communicator(self) -> str | None:
+        """The process group that carries both all-gathers and reduce-scatters, if any."""
+        return _concurrency.shared_communicator(self)
+
+    @cached_property
+    def claimed_by_communicator(self) -> np.ndarray:
+        """Per stall: the cost that the shared-communicator rule owns (before the all-gather and wait rules)."""
+        return _concurrency.claimed_by_specific(self, self.stalls)
+
+    @cached_property
+    def host_syncs(self) -> _hostsyncs.SyncCosts:
+        """Every host-blocking call, its owning rule and what it cost."""
+        return _hostsyncs.sync_costs(self)

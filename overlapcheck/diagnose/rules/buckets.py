@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.diagnose.context import RankView
+from overlapcheck.diagnose.facts.sizing import AG, RS, parameter_count, reduce_bucket_size
+from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
-from overlapcheck.diagnose.registry import SEVERITY_CAP, rank_rule
-from overlapcheck.diagnose.sizing import AG, RS, parameter_count, reduce_bucket_size
+from overlapcheck.model import Finding
 from overlapcheck.trace import classify as C
 
 DEFERRED_SHARE = 0.5  # share of a step's reduce-scatter elements flushed after backward
@@ -21,7 +21,7 @@ TINY_PER_STEP = 32
 _DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Byte": 1, "Char": 1, "Int": 4, "Long": 8}
 
 
-def backward_end(view: RankView) -> dict[int, float]:
+def backward_end(view: RankFacts) -> dict[int, float]:
     """Per step: launch time of the last compute kernel launched by a thread other than the one that runs the
     step loop (PyTorch runs CUDA backward on its autograd device thread)."""
     o = view.model.ops
@@ -33,7 +33,7 @@ def backward_end(view: RankView) -> dict[int, float]:
     return {step: float(view.launch[rows].max()) for step, rows in view.group_by_step(np.flatnonzero(sel)).items()}
 
 
-def _launch_thread(view: RankView) -> np.ndarray:
+def _launch_thread(view: RankFacts) -> np.ndarray:
     """The CPU thread that launched each GPU activity (-1 when its runtime call is not in the trace)."""
     rt, g = view.model.runtime, view.gpu
     out = np.full(len(g), -1, dtype=np.int64)
@@ -47,7 +47,7 @@ def _launch_thread(view: RankView) -> np.ndarray:
     return out
 
 
-def launched_in(view: RankView, function: str) -> np.ndarray:
+def launched_in(view: RankFacts, function: str) -> np.ndarray:
     """GPU activities launched while a python_function named `function` was running (False without stacks)."""
     o = view.model.ops
     frames = np.flatnonzero(view.name_mask(o.name, lambda n: n.endswith(f": {function}")))
@@ -58,7 +58,7 @@ def launched_in(view: RankView, function: str) -> np.ndarray:
     return (i >= 0) & (view.launch < spans.ends[np.maximum(i, 0)])
 
 
-def _gradient_copies(view: RankView) -> np.ndarray:
+def _gradient_copies(view: RankFacts) -> np.ndarray:
     """Mask of the device-to-device copies with a size: gradients copied into a bucket."""
     g = view.gpu
     dtod = view.name_mask(g.name, lambda n: "DtoD" in n or "Device -> Device" in n)
@@ -66,7 +66,7 @@ def _gradient_copies(view: RankView) -> np.ndarray:
 
 
 def last_bucket_fraction(
-    view: RankView, rows: np.ndarray, bucket_elems: int, elems_per_step: int, gradient_copies: np.ndarray | None = None
+    view: RankFacts, rows: np.ndarray, bucket_elems: int, elems_per_step: int, gradient_copies: np.ndarray | None = None
 ) -> float:
     """Share of the step's gradient volume that would be in the last bucket with `bucket_elems` buckets.
 
@@ -88,7 +88,7 @@ def last_bucket_fraction(
     return float(current / sizes.sum())
 
 
-def held_first_gathers_exposed(view: RankView) -> float:
+def held_first_gathers_exposed(view: RankFacts) -> float:
     """Per step: exposed time of the steps' first all-gathers that the host issued while earlier compute-stream
     work was still queued, up to that queued time (what they could have overlapped)."""
     g = view.gpu
@@ -117,8 +117,7 @@ def recommended_bucket(params: int | None) -> int:
     return round_size(params / 4)
 
 
-@rank_rule
-def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
+def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
     """stage3.py (v0.13.3 .. 0.19.x) reduce_independent_p_g_buckets_and_remove_grads flushes a bucket only when
     `elements + numel > reduce_bucket_size`; independent_gradient_partition_epilogue flushes the rest after
     backward and synchronizes. With reduce_bucket_size (default 5e8) above the parameter count, every
@@ -151,14 +150,14 @@ def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
         steps.append(int(step))
     cost = sum(costs) / view.n_steps
     fits = params is not None and bucket >= params
-    overlap = (view.rank.get("collectives") or {}).get("reduce_scatter", {}).get("overlap")
-    exposed = f"reduce-scatter is {1 - overlap:.0%} exposed: " if overlap is not None else ""
+    rs_overlap = view.metrics.overlap("reduce_scatter")
+    exposed_text = f"reduce-scatter is {1 - rs_overlap:.0%} exposed: " if rs_overlap is not None else ""
     why = (
-        f"{exposed}every gradient fits in one {sci(bucket)}-element bucket (reduce_bucket_size >= {params:,} "
+        f"{exposed_text}every gradient fits in one {sci(bucket)}-element bucket (reduce_bucket_size >= {params:,} "
         "trainable parameters), so all reduce-scatters wait for independent_gradient_partition_epilogue after "
         "the last backward kernel"
         if fits
-        else f"{exposed}{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, so it "
+        else f"{exposed_text}{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, so it "
         f"cannot overlap backward compute (reduce_bucket_size {sci(bucket)})"
     )
     evidence = {
@@ -185,8 +184,7 @@ def reduce_scatter_deferred(view: RankView) -> list[dict[str, Any]]:
     ]
 
 
-@rank_rule
-def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
+def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
     """stage3.py (v0.6 .. 0.19.x) creates reduce_and_partition_stream and parameter_offload.py the
     __allgather_stream only when overlap_comm is true, else both are the default stream: gradient copies and
     reduce-scatters then run on the compute stream and cannot overlap backward. Seen as reduce-scatter kernels and
@@ -241,11 +239,7 @@ def overlap_comm_disabled(view: RankView) -> list[dict[str, Any]]:
     ]
 
 
-SEVERITY_CAP["tiny-collectives"] = "warning"
-
-
-@rank_rule
-def tiny_collectives(view: RankView) -> list[dict[str, Any]]:
+def tiny_collectives(view: RankFacts) -> list[Finding]:
     """Many collectives under 1 MiB are latency-bound: NCCL's per-call latency (tens of µs across nodes)
     dominates. ZeRO-3 issues one all-gather per fetch (partitioned_param_coordinator.py fetch_sub_module) and one
     reduce-scatter per bucket; small stage3_prefetch_bucket_size / reduce_bucket_size or many small parameters

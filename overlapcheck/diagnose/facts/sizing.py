@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from overlapcheck.diagnose.context import RankView
 from overlapcheck.diagnose.finding import config_value
 from overlapcheck.trace import classify as C
+
+if TYPE_CHECKING:
+    from overlapcheck.diagnose.facts.view import RankFacts
 
 RS = C.COLLECTIVES.index("reduce_scatter")
 AG = C.COLLECTIVES.index("all_gather")
@@ -18,28 +18,16 @@ DEFAULT_REDUCE_BUCKET = 500_000_000  # runtime/zero/config.py reduce_bucket_size
 DEFAULT_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size default
 
 
-def parameter_count(view: RankView) -> tuple[int | None, str]:
-    """Trainable parameters, and where the number came from: the config's `_overlapcheck_model.params`, a
-    `model.json` beside the trace, or the reduce-scatter input elements of one step (In msg nelems)."""
-    meta = (view.config or {}).get("_overlapcheck_model")
-    for key in ("params", "parameters"):
-        if isinstance(meta, dict) and isinstance(meta.get(key), int):
-            return meta[key], "config"
-    path = os.path.join(os.path.dirname(os.path.abspath(view.model.source)), "model.json")
-    if os.path.isfile(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc: Any = json.load(f)
-            params = (doc.get("params") or doc.get("parameters")) if isinstance(doc, dict) else None
-            if isinstance(params, int):
-                return params, "model.json"
-        except (OSError, ValueError):
-            pass
+def parameter_count(view: RankFacts) -> tuple[int | None, str]:
+    """Trainable parameters, and where the number came from: the job context (the simulator's job description
+    or a `model.json` beside the traces), else the reduce-scatter input elements of one step (In msg nelems)."""
+    if view.job.parameters is not None:
+        return view.job.parameters, view.job.parameters_source or "job"
     per_step = reduce_scatter_elements_per_step(view)
     return (per_step, "trace") if per_step else (None, "unknown")
 
 
-def reduce_scatter_elements_per_step(view: RankView) -> int | None:
+def reduce_scatter_elements_per_step(view: RankFacts) -> int | None:
     """Elements reduce-scattered per step (DeepSpeed reduce-scatters every trainable gradient once)."""
     g = view.gpu
     sel = view.is_comm & (g.coll == RS) & (g.nelems > 0)
@@ -50,7 +38,7 @@ def reduce_scatter_elements_per_step(view: RankView) -> int | None:
     return int(g.nelems[sel].sum() / view.n_steps) or None
 
 
-def reduce_bucket_size(view: RankView) -> tuple[int, str]:
+def reduce_bucket_size(view: RankFacts) -> tuple[int, str]:
     """The configured reduce_bucket_size, else the largest reduce-scatter seen, else DeepSpeed's default."""
     value = config_value(view.config, "zero_optimization.reduce_bucket_size")
     if isinstance(value, int | float) and value > 0:

@@ -1,13 +1,167 @@
-"""Hand-built report documents (docs/report-schema.md) and timelines for the HTML and gate tests.
+"""Helpers shared by the tests (test modules never import each other; conftest.py holds only fixtures).
 
-Imported by tests/test_html*.py, tests/test_gate*.py and tests/test_browser.py; the one test here checks that
-the fixtures follow the schema's required keys, so that the renderers are tested against the real contract.
+- where the real traces are: `shared_traces_dir()`;
+- tiny hand-built Kineto traces: `kernel`, `launch`, `step`, `memcpy`, `write_trace`;
+- hand-built report documents (docs/report-schema.md) and timelines for the renderers and the gate:
+  `report_doc` (the JSON document, a dict, to change or to write to a file), `make_report` (the same as a typed
+  `Report`), `as_report` (a document, changed, as a `Report`), the parts `make_rank` and `make_finding`
+  (document dicts) and `make_timeline` (a typed `Timeline`); `XSS_*` payloads for the escaping tests;
+- `run_cli` (the CLI in a subprocess) and `Page` (an HTML page, parsed).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
 import random
+import statistics
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
 
+from overlapcheck.model import Report, Timeline, TimelineLane
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+
+
+# -------------------------------------------------------------------------------------------- real traces
+
+
+def shared_traces_dir() -> Path | None:
+    """The real Kineto traces (../shared/traces beside the checkout), or None when they are not there."""
+    path = ROOT.parent / "shared" / "traces"
+    return path if path.is_dir() else None
+
+
+# -------------------------------------------------------------------------------------------- tiny traces
+
+
+def kernel(name: str, ts: float, dur: float, stream: int = 7, corr: int = -1, **args: Any) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"device": 0, "stream": stream, "correlation": corr, **args},
+    }
+
+
+def memcpy(ts: float, dur: float, stream: int = 7, corr: int = -1) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "gpu_memcpy",
+        "name": "Memcpy DtoD (Device -> Device)",
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"device": 0, "stream": stream, "correlation": corr},
+    }
+
+
+def launch(ts: float, corr: int, dur: float = 1.0, tid: int = 100) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 100,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
+
+
+def step(number: int, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": f"ProfilerStep#{number}",
+        "pid": 100,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+    }
+
+
+def write_trace(
+    folder: Path,
+    name: str,
+    events: list[dict[str, Any]],
+    rank: int | None = 0,
+    world_size: int = 2,
+    gz: bool = True,
+    **top: Any,
+) -> Path:
+    """Write a trace in the wrapped form (with distributedInfo when rank is not None)."""
+    doc: dict[str, Any] = {"schemaVersion": 1, **top}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world_size}
+    doc["traceEvents"] = events
+    path = folder / name
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m overlapcheck ARGS...` in a subprocess (text output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "overlapcheck", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+# ------------------------------------------------------------------------------------------- HTML pages
+
+
+class Page(HTMLParser):
+    """Collects elements, attributes, script blocks and visible text of a page."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self.text: list[str] = []
+        self._script: dict | None = None
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._script = dict(attrs)
+            self.scripts.append((self._script, ""))
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._script = None
+
+    def handle_data(self, data):
+        if self._script is not None:
+            attrs, body = self.scripts[-1]
+            self.scripts[-1] = (attrs, body + data)
+        else:
+            self.text.append(data)
+
+    def visible(self) -> str:
+        return " ".join(" ".join(self.text).split())
+
+    def json_blocks(self) -> list[dict]:
+        return [json.loads(body) for attrs, body in self.scripts if attrs.get("type") == "application/json"]
+
+
+# ------------------------------------------------------------------------------------------------ reports
+
+# written out here (not imported from the package) so that the fixtures check the schema independently
 KINDS = ("all", "reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv", "broadcast", "other")
 XSS_SCRIPT = "</script><script>alert(1)</script>"
 XSS_IMG = "<img src=x onerror=alert(1)>"
@@ -55,7 +209,7 @@ def make_rank(
     source: str | None = None,
     host: str | None = None,
 ) -> dict:
-    """One RANK with `steps` equal steps; reduce-scatter is less hidden than all-gather."""
+    """One RANK document with `steps` equal steps; reduce-scatter is less hidden than all-gather."""
     rs_o, ag_o = max(overlap - 0.15, 0.0), min(overlap + 0.1, 1.0)
     coll = collectives(rs=(comm_us * 0.4, rs_o), ag=(comm_us * 0.6, ag_o))
     exposed = coll["all"]["exposed_us"]
@@ -74,6 +228,7 @@ def make_rank(
                 "collectives": sc,
                 "memcpy": {"count": 2, "time_us": 40.0, "exposed_us": 10.0},
                 "memset": {"count": 1, "time_us": 5.0, "exposed_us": 0.0},
+                "phases": {},
             }
         )
     return {
@@ -111,9 +266,8 @@ def make_rank(
     }
 
 
-def summarize(ranks: list[dict]) -> dict:
-    """SUMMARY over ranks (min/median/max and worst_rank), as docs/metrics.md defines it."""
-    import statistics
+def summary_doc(ranks: list[dict]) -> dict:
+    """SUMMARY over rank documents (min/median/max and worst_rank), as docs/metrics.md defines it."""
 
     def stat(values: list[tuple[int, float]], worst_high: bool) -> dict:
         vals = [v for _, v in values]
@@ -139,7 +293,8 @@ def summarize(ranks: list[dict]) -> dict:
     return {"ranks": len(ranks), "metrics": metrics}
 
 
-def make_finding(rule: str = "reduce-scatter-deferred", cost_us: float = 4_200.0, **kw) -> dict:
+def make_finding(rule: str = "reduce-scatter-deferred", cost_us: float = 4_200.0, **kw: Any) -> dict:
+    """One FINDING document; keyword arguments replace its fields."""
     finding = {
         "rule": rule,
         "severity": "critical",
@@ -164,14 +319,14 @@ def make_finding(rule: str = "reduce-scatter-deferred", cost_us: float = 4_200.0
     return finding
 
 
-def make_report(
+def report_doc(
     n_ranks: int = 4,
     overlaps: list[float] | None = None,
     findings: list[dict] | None = None,
     errors: list[dict] | None = None,
     compute: list[float] | None = None,
 ) -> dict:
-    """A whole `overlapcheck.report/1` document."""
+    """A whole `overlapcheck.report/1` document (a dict, as `Report.to_dict()` gives it)."""
     overlaps = overlaps or [0.7 - 0.05 * (i % 3) for i in range(n_ranks)]
     compute = compute or [80_000.0] * n_ranks
     ranks = [make_rank(i, overlap=overlaps[i], compute_us=compute[i]) for i in range(n_ranks)]
@@ -180,17 +335,41 @@ def make_report(
         "tool": {"name": "overlapcheck", "version": "0.1.0"},
         "run": None,
         "ranks": ranks,
-        "summary": summarize(ranks),
+        "summary": summary_doc(ranks),
         "findings": [make_finding()] if findings is None else findings,
         "findings_explain_share": 0.8,
         "errors": errors or [],
     }
 
 
+def as_report(doc: dict, timelines: dict[int, Timeline] | None = None) -> Report:
+    """A report document as the typed Report (validated by `Report.from_dict`), with in-memory timelines."""
+    report = Report.from_dict(doc)
+    return dataclasses.replace(report, timelines=timelines) if timelines else report
+
+
+def make_report(
+    n_ranks: int = 4,
+    overlaps: list[float] | None = None,
+    findings: list[dict] | None = None,
+    errors: list[dict] | None = None,
+    compute: list[float] | None = None,
+    timelines: dict[int, Timeline] | None = None,
+) -> Report:
+    """`report_doc(...)` as a typed Report, with `timelines` (rank -> Timeline) for the HTML page."""
+    return as_report(report_doc(n_ranks, overlaps, findings, errors, compute), timelines)
+
+
 def make_timeline(
-    step: int = 10, n_compute: int = 300, n_comm: int = 40, seed: int = 0, kernel_name: str | None = None
-) -> dict:
-    """A timeline (the `timelines` contract of the HTML renderer) of one step on three lanes."""
+    step: int = 10,
+    n_compute: int = 300,
+    n_comm: int = 40,
+    seed: int = 0,
+    kernel_name: str | None = None,
+    compute_label: str = "stream 7",
+) -> Timeline:
+    """A timeline (what the HTML renderer draws) of one step on three lanes; the compute lane's event 5 is named
+    `kernel_name` when given; the step ends with an exposed reduce-scatter."""
     rng = random.Random(seed)
     names = [
         "ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_64x3_tn",
@@ -201,7 +380,8 @@ def make_timeline(
     ]
     if kernel_name is not None:
         names.append(kernel_name)
-    events, t = [], 0.0
+    events: list[list[Any]] = []
+    t = 0.0
     for i in range(n_compute):
         dur = rng.uniform(20, 400)
         name = len(names) - 1 if kernel_name is not None and i == 5 else rng.choice([0, 1])
@@ -218,57 +398,16 @@ def make_timeline(
     exposed.append([end + 10.0, end + 1510.0])
     for i in range(6):
         events.append([2, i * end / 6, 30.0, "memcpy", 4])
-    return {
-        "step": step,
-        "t0": 1.7e12,
-        "lanes": [
-            {"id": 0, "label": "stream 7", "kind": "compute"},
-            {"id": 1, "label": "stream 24", "kind": "comm"},
-            {"id": 2, "label": "stream 9", "kind": "memcpy"},
+    return Timeline(
+        step=step,
+        t0=1.7e12,
+        duration=end + 1510.0,
+        lanes=[
+            TimelineLane(0, compute_label, "compute"),
+            TimelineLane(1, "stream 24", "comm"),
+            TimelineLane(2, "stream 9", "memcpy"),
         ],
-        "events": events,
-        "names": names,
-        "exposed": exposed,
-    }
-
-
-def test_fixture_follows_schema():
-    """The fixture report has every key docs/report-schema.md lists, so renderer tests use the real contract."""
-    report = make_report(3)
-    assert set(report) >= {"schema", "tool", "run", "ranks", "summary", "findings", "findings_explain_share", "errors"}
-    rank = report["ranks"][0]
-    assert set(rank) >= {
-        "rank",
-        "source",
-        "world_size",
-        "backend",
-        "host",
-        "lanes",
-        "span_us",
-        "busy_us",
-        "compute_us",
-        "idle_us",
-        "step_time_us",
-        "exposed_share",
-        "collectives",
-        "memcpy",
-        "memset",
-        "streams",
-        "steps",
-        "notes",
-    }
-    assert set(rank["collectives"]) == set(KINDS)
-    assert set(rank["steps"][0]) >= {
-        "step",
-        "start_us",
-        "duration_us",
-        "cpu_duration_us",
-        "compute_us",
-        "exposed_share",
-        "collectives",
-        "memcpy",
-        "memset",
-    }
-    all_split = rank["collectives"]["all"]
-    assert abs(all_split["time_us"] - all_split["overlapped_us"] - all_split["exposed_us"]) < 1e-6
-    assert report["summary"]["metrics"]["all.overlap"]["worst_rank"] == 2
+        events=events,
+        names=names,
+        exposed=exposed,
+    )

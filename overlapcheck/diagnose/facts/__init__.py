@@ -1,0 +1,1 @@
+"""Facts about one rank that several rules share, computed once: the `RankFacts` view and what it derives."""

@@ -1,0 +1,107 @@
+"""Stream-level serialization: no concurrency at all across streams, and all-gather and reduce-scatter sharing
+one NCCL communicator."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.facts.concurrency import concurrency, reduce_scatter_tail_delay
+from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.diagnose.finding import config_value, finding, make_fix
+from overlapcheck.model import Finding
+
+
+def same_communicator(view: RankFacts) -> list[Finding]:
+    """NCCL serializes all kernels of one communicator through comm->sharedRes->deviceStream (NVIDIA/nccl
+    src/enqueue.cc), whatever user streams they are launched on. ZeRO-3 normally all-gathers on the world group
+    (partition_parameters.py zero.Init) and reduce-scatters on groups._clone_world_group(); with a Megatron mpu
+    both use mpu.get_data_parallel_group(), one communicator, so an all-gather queues behind a reduce-scatter.
+    Cost: compute stalls on all-gathers that queued behind a reduce-scatter, plus how much later the step's last
+    reduce-scatter (which the backward epilogue waits for) ends because reduce-scatters queued behind
+    all-gathers."""
+    pg = view.shared_communicator
+    if pg is None or view.no_concurrency:
+        return []
+    st = view.stalls
+    delays = view.claimed_by_communicator
+    stall_cost, steps = view.per_step(delays, view.launch[st.kernel]) if len(delays) else (0.0, [])
+    tail = reduce_scatter_tail_delay(view, pg)
+    cost = stall_cost + tail
+    per_node = view.job.gpus_per_node
+    settings = {"zero_optimization.zero_hpz_partition_size": int(per_node)} if per_node and per_node > 1 else {}
+    evidence = {
+        "process_group": pg,
+        "delayed_all_gathers_per_step": round(float((delays > 0).sum()) / view.n_steps, 2),
+        "compute_stall_us_per_step": round(stall_cost, 3),
+        "reduce_scatter_tail_delay_us_per_step": round(tail, 3),
+        "hpz_partition_size": config_value(view.config, "zero_optimization.zero_hpz_partition_size"),
+    }
+    return [
+        finding(
+            "same-communicator",
+            f"All-gather and reduce-scatter share communicator {pg!r}",
+            "NCCL runs one communicator's kernels one at a time, so all-gathers wait behind "
+            "reduce-scatters; hpZ (zero_hpz_partition_size = GPUs per node) gathers on a separate "
+            "intra-node group",
+            cost,
+            [view.rank_id],
+            steps or view.step_numbers,
+            evidence,
+            make_fix(view.config, settings),
+        )
+    ]
+
+
+def no_stream_concurrency(view: RankFacts) -> list[Finding]:
+    """With CUDA_DEVICE_MAX_CONNECTIONS=1 the GPU has one hardware queue, so kernels of all streams execute in
+    launch order (Megatron-LM #1468, verl #6976); CUDA_LAUNCH_BLOCKING=1 makes every launch synchronous. Either
+    way no collective overlaps compute: the compute stream stalls behind communication launched before it.
+    Cost: those stalls, except the part of each step's first all-gather that compute waits for in any
+    configuration (all of it when the host issued it after the earlier compute ended)."""
+    if not view.no_concurrency:
+        return []
+    st = view.stalls
+    inherent = view.first_gather_waits
+    costs = np.maximum(
+        0.0,
+        st.cost
+        - np.array(
+            [iv.length(iv.clip(inherent, a, b)) for a, b in zip(st.start.tolist(), st.end.tolist(), strict=True)]
+        ),
+    )
+    cost, steps = view.per_step(costs, view.launch[st.kernel])
+    both, total, n = concurrency(view)
+    evidence = {
+        "streams": n,
+        "concurrent_us": round(both, 3),
+        "busy_us_all_streams": round(total, 3),
+        "stalls_per_step": round(len(st.kernel) / view.n_steps, 2),
+    }
+    return [
+        finding(
+            "no-stream-concurrency",
+            f"No two of the {n} GPU streams ever run at the same time",
+            "kernels execute in launch order across streams, the signature of CUDA_DEVICE_MAX_CONNECTIONS=1 "
+            "(or CUDA_LAUNCH_BLOCKING=1): communication blocks the compute launched after it",
+            cost,
+            [view.rank_id],
+            steps,
+            evidence,
+            make_fix(view.config, env=_serializing_env(view)),
+        )
+    ]
+
+
+SERIALIZING_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_LAUNCH_BLOCKING": "1"}
+
+
+def _serializing_env(view: RankFacts) -> dict[str, str | None]:
+    """The variables to unset: those of the job's environment (when the job context records it) that
+    serialize streams, else CUDA_DEVICE_MAX_CONNECTIONS, the usual one (Megatron-style launch scripts set it)."""
+    env = view.job.env
+    if env is not None:
+        found: dict[str, str | None] = {k: None for k, v in SERIALIZING_ENV.items() if str(env.get(k, "")) == v}
+        if found:
+            return found
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": None}

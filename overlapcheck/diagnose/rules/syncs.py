@@ -1,0 +1,147 @@
+"""The sync rules: one finding per owner of host-blocking calls (facts/hostsyncs.py), with its text and fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from overlapcheck.diagnose.facts.hostsyncs import Sync, per_step_cost, pinned_copy_tail
+from overlapcheck.diagnose.facts.sizing import DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
+from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
+from overlapcheck.model import Finding, Fix
+
+
+def owned_by(rule: str) -> Callable[[RankFacts], list[Finding]]:
+    """The rule function of one sync rule: a finding per owner of that rule (per call site for host-sync)."""
+
+    def find(view: RankFacts) -> list[Finding]:
+        sc = view.host_syncs
+        out = []
+        for _, idx in sc.owned_by(rule):
+            times = np.array([sc.syncs[i].start for i in idx])
+            per_step, steps = per_step_cost(view, sc.cost[idx], sc.boundary[idx], times)
+            if rule == "offload-blocking-copy":
+                per_step = max(0.0, per_step - pinned_copy_tail(view))
+            out.append(_describe(view, rule, [sc.syncs[i] for i in idx], per_step, steps))
+        return out
+
+    find.__name__ = find.__qualname__ = rule.replace("-", "_")
+    return find
+
+
+def _describe(view: RankFacts, rule: str, syncs: list[Sync], cost: float, steps: list[int]) -> Finding:
+    calls = sorted({s.call for s in syncs})
+    blocked = sum(s.end - s.start for s in syncs)
+    evidence = {
+        "calls": calls,
+        "count": len(syncs),
+        "per_step": round(len(syncs) / view.n_steps, 2),
+        "host_blocked_us": round(blocked / view.n_steps, 3),
+        "first_at_us": round(syncs[0].start, 3),
+        "call_site": syncs[0].site.get("frame"),
+        "stack": syncs[0].site.get("stack", [])[:8],
+    }
+    text = TEXT[rule](view, syncs)
+    return finding(rule, text[0], text[1], cost, [view.rank_id], steps, evidence, text[2])
+
+
+# -- titles, reasons and fixes ------------------------------------------------------------------------------
+
+Text = tuple[str, str, Fix]
+
+
+def _comms_logger(view: RankFacts, syncs: list[Sync]) -> Text:
+    return (
+        "The comms logger synchronizes the device after every collective",
+        "deepspeed/comm/comm.py timed_op calls get_accelerator().synchronize() after each logged op while "
+        "comms_logger is enabled, so no collective can overlap compute",
+        make_fix(view.config, {"comms_logger.enabled": False}),
+    )
+
+
+def _throughput_timer(view: RankFacts, syncs: list[Sync]) -> Text:
+    # timers.throughput is configurable from v0.14.3 (#5363)
+    upgrade = "deepspeed>=0.14.3" if config_value(view.config, "timers.throughput") is None else None
+    fix = make_fix(view.config, {"timers.throughput.synchronized": False}, upgrade=upgrade)
+    return (
+        "The throughput timer synchronizes the device at the start and end of every step",
+        "deepspeed/utils/timer.py ThroughputTimer.start/stop call get_accelerator().synchronize() when "
+        "timers.throughput.synchronized is true (always before v0.14.3)",
+        fix,
+    )
+
+
+def _offload_copy(view: RankFacts, syncs: list[Sync]) -> Text:
+    return (
+        "Gradient offload copies block the host during backward",
+        "before DeepSpeed 0.19.5 (#8207) partition_grads copies each gradient partition to CPU with a blocking "
+        "copy_, so backward stops launching compute until the copy is done",
+        make_fix(view.config, {"zero_optimization.offload_optimizer.pin_memory": True}, upgrade="deepspeed>=0.19.5"),
+    )
+
+
+def _reduce_throttle(view: RankFacts, syncs: list[Sync]) -> Text:
+    bucket, _ = reduce_bucket_size(view)
+    params, _ = parameter_count(view)
+    target = bucket * 5 if params is None else min(bucket * 5, max(bucket, params // 2))
+    return (
+        "Backward stalls on the reduce-scatter throttle",
+        "stage3.py __reduce_and_partition_ipg_grads blocks on cudaEventSynchronize when more than 2 bucket "
+        "reductions are in flight (max_param_reduce_events, not configurable), so the autograd thread stops "
+        "launching compute; fewer, larger buckets keep fewer reductions in flight",
+        make_fix(view.config, {"zero_optimization.reduce_bucket_size": round_size(target)}),
+    )
+
+
+def _fetch_throttle(view: RankFacts, syncs: list[Sync]) -> Text:
+    current = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size") or DEFAULT_PREFETCH_BUCKET
+    return (
+        "Parameter fetches stall on the all-gather throttle",
+        "partitioned_param_coordinator.py fetch_sub_module blocks on event.synchronize() when more than 2 "
+        "all-gathers are in flight (__max_ongoing_fetch_events); fewer, larger gathers avoid it",
+        make_fix(view.config, {"zero_optimization.stage3_prefetch_bucket_size": round_size(int(current) * 2)}),
+    )
+
+
+def _epilogue(view: RankFacts, syncs: list[Sync]) -> Text:
+    return (
+        "The backward epilogue waits for the last gradient bucket",
+        "stage3.py independent_gradient_partition_epilogue flushes the last bucket and calls "
+        "reduce_and_partition_stream.synchronize(): the last reduce-scatter is always exposed; this is the "
+        "host overhead of that sync once the GPU is idle",
+        Fix(),
+    )
+
+
+GRAD_NORM_SYNC = {"get_grad_norm_direct", "get_global_norm", "_get_norm_groups"}
+
+
+def _host_sync(view: RankFacts, syncs: list[Sync]) -> Text:
+    site = syncs[0].site.get("frame") or "top-level code (no enclosing op)"
+    call = syncs[0].call
+    why = (
+        f"{call} stops the launching thread until the GPU drains its queue, so compute idles until the next "
+        "launch; use events and stream waits instead, or move the sync out of the step"
+    )
+    fix = Fix()
+    if syncs[0].funcs & GRAD_NORM_SYNC:
+        # stage3.py before v0.14.3 reads the global gradient norm on the host (math.sqrt on a tensor, `clip > 1`)
+        why = (
+            "the ZeRO-3 gradient-norm code reads the norm on the host every step (a device-to-host copy and "
+            "stream sync); DeepSpeed 0.14.3 (#5493) and 0.14.5 (#5504, torch.clamp) keep it on the GPU"
+        )
+        fix = Fix(upgrade="deepspeed>=0.14.5")
+    return f"Host-blocking {call} in {site}", why, fix
+
+
+TEXT: dict[str, Callable[[RankFacts, list[Sync]], Text]] = {
+    "comms-logger-sync": _comms_logger,
+    "throughput-timer-sync": _throughput_timer,
+    "offload-blocking-copy": _offload_copy,
+    "reduce-event-throttle": _reduce_throttle,
+    "fetch-throttle": _fetch_throttle,
+    "epilogue-sync": _epilogue,
+    "host-sync": _host_sync,
+}

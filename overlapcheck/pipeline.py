@@ -1,0 +1,321 @@
+"""From paths to the Report: find the inputs once, build the job context, analyze and diagnose each rank in
+parallel, merge.
+
+    paths -> Inputs (find_inputs) -> JobContext (job_context)
+          -> per trace, in a worker: TraceModel -> RankMetrics -> findings + signature (+ timeline) = RankResult
+          -> per summary: the RankResult it holds
+          -> merge_findings over every RankResult -> Report
+
+The parent only merges small objects, so memory stays per file and ranks use every core. docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from overlapcheck import __version__
+from overlapcheck.analysis.crossrank import summarize
+from overlapcheck.analysis.metrics import analyze_model
+from overlapcheck.analysis.timeline import timeline_of
+from overlapcheck.diagnose import diagnose_rank, merge_findings
+from overlapcheck.errors import UserError
+from overlapcheck.fsutil import file_size, read_json_file
+from overlapcheck.job import JobContext
+from overlapcheck.model import InputError, RankResult, Report, ReportFormatError, Tool
+from overlapcheck.trace.reader import load_trace
+
+_TRACE_FILE = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
+_NOT_TRACES = re.compile(
+    r"(^run\.json$|^truth\.json$|^ds_config\.json$|^model\.json$|\.summary\.json$|\.status\.json$|report|baseline)",
+    re.IGNORECASE,
+)
+_SUMMARY = re.compile(r"^rank(\d+)\.summary\.json$")
+_RANK_FILE = re.compile(r"^rank(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A per-rank summary written by `overlapcheck run`, and the rank's trace to read if it is unreadable."""
+
+    path: str
+    trace: str | None = None
+
+
+@dataclass
+class Inputs:
+    """What a set of paths holds: trace files, per-rank summaries, and the job's documents found beside them."""
+
+    traces: list[str] = field(default_factory=list)
+    summaries: list[Summary] = field(default_factory=list)
+    run: dict[str, Any] | None = None  # run.json
+    ds_config: dict[str, Any] | None = None  # ds_config.json beside the traces
+    model: dict[str, Any] | None = None  # model.json beside the traces
+    sizes: dict[str, int] = field(default_factory=dict)  # bytes of each file to read
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    @property
+    def count(self) -> int:
+        return len(self.traces) + len(self.summaries)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to compute beyond the metrics."""
+
+    diagnose: bool = True
+    timelines: bool = False  # one step per rank for the HTML page
+    signatures: bool = False  # keep each rank's collective signature in the Report (per-rank summaries)
+
+
+def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
+    """Expand files and folders into trace files and (for `overlapcheck run` folders) per-rank summaries, and
+    read the job's documents (run.json, ds_config.json, model.json) found beside them."""
+    found = Inputs()
+    for raw in paths:
+        path = os.fspath(raw)
+        if os.path.isfile(path):
+            found.traces.append(path)
+            _read_documents(os.path.dirname(os.path.abspath(path)), found, ("model.json",))
+        elif os.path.isdir(path):
+            _scan_folder(path, found)
+        elif os.path.lexists(path):
+            raise UserError("not a regular file or folder (a broken link, a FIFO, a device?)", path)
+        else:
+            raise UserError("no such file or folder", path)
+    for path in found.traces + [s.path for s in found.summaries]:
+        found.sizes[path] = file_size(path)  # 0 when unreadable: reading it reports the problem
+    return found
+
+
+def _scan_folder(folder: str, found: Inputs) -> None:
+    names = sorted(os.listdir(folder))
+    summaries = {int(m.group(1)): n for n in names if (m := _SUMMARY.match(n))}
+    _read_documents(folder, found)
+    traces = [n for n in names if _TRACE_FILE.search(n) and not _NOT_TRACES.search(n)]
+    trace_of_rank: dict[int, str] = {}
+    for name in traces:
+        m = _RANK_FILE.match(name)
+        if m and int(m.group(1)) in summaries:
+            trace_of_rank[int(m.group(1))] = os.path.join(folder, name)  # the rank's own summary stands for it
+            continue
+        found.traces.append(os.path.join(folder, name))
+    for rank, name in summaries.items():
+        found.summaries.append(Summary(os.path.join(folder, name), trace_of_rank.get(rank)))
+    if not traces and not summaries:
+        raise UserError("no trace files (*.json, *.json.gz) in this folder", folder)
+
+
+DOCUMENTS = {"run.json": "run", "ds_config.json": "ds_config", "model.json": "model"}
+WHAT = {"run.json": "a run manifest", "ds_config.json": "a DeepSpeed config", "model.json": "a model description"}
+
+
+def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOCUMENTS)) -> None:
+    """The job's documents in a folder (all of them beside a folder of traces; only model.json beside a trace
+    file given by name), each the first one found over all inputs."""
+    for name in names:
+        attr = DOCUMENTS[name]
+        path = os.path.join(folder, name)
+        if getattr(found, attr) is None and os.path.isfile(path):
+            doc = read_json_file(path, WHAT[name])
+            if attr == "ds_config" and not isinstance(doc, dict):
+                raise UserError("a DeepSpeed config must be a JSON object", path)
+            setattr(found, attr, doc if isinstance(doc, dict) else None)
+
+
+def read_ds_config(path: str) -> dict[str, Any]:
+    """A DeepSpeed config given by `--ds-config`."""
+    config = read_json_file(path, "a DeepSpeed config")
+    if not isinstance(config, dict):
+        raise UserError("a DeepSpeed config must be a JSON object", path)
+    return config
+
+
+def job_context(inputs: Inputs, ds_config: dict[str, Any] | None = None) -> JobContext:
+    """The job context: `ds_config` (given by the user) wins over the one found beside the traces."""
+    return JobContext.build(ds_config if ds_config is not None else inputs.ds_config, inputs.run, inputs.model)
+
+
+# -- one rank --------------------------------------------------------------------------------------------------
+
+
+def analyze_trace(
+    path: str,
+    job: JobContext | None = None,
+    options: Options | None = None,
+    progress: Callable[[int], None] | None = None,
+    workers: int = 1,
+) -> RankResult:
+    """One trace file -> its metrics, findings, collective signature and (when asked) timeline.
+
+    `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
+    options = options or Options()
+    model = load_trace(path, progress, workers)
+    metrics = analyze_model(model)
+    findings, signature = diagnose_rank(model, metrics, job or JobContext()) if options.diagnose else ([], None)
+    timeline = timeline_of(model, metrics) if options.timelines else None
+    return RankResult(metrics, findings, signature, timeline)
+
+
+Outcome = tuple[str, list[RankResult], str | None]  # (source, its ranks, error or None)
+
+
+def _worker(
+    path: str, job: JobContext, options: Options, progress: Callable[[int], None] | None = None, workers: int = 1
+) -> Outcome:
+    try:
+        return path, [analyze_trace(path, job, options, progress, workers)], None
+    except UserError as exc:
+        return path, [], str(exc)
+    except MemoryError:
+        return path, [], f"{path}: out of memory while reading this trace"
+
+
+def read_summary(summary: Summary) -> Outcome:
+    """The ranks a per-rank summary holds (its findings are that rank's own)."""
+    try:
+        report = Report.from_dict(read_json_file(summary.path, "an overlapcheck summary"), summary.path)
+    except UserError as exc:
+        return summary.path, [], str(exc)
+    sigs = report.collective_signatures or {}
+    out = []
+    for metrics in report.ranks:
+        findings = [f for f in report.findings if metrics.rank in f.ranks]
+        out.append(RankResult(metrics, findings, sigs.get(str(metrics.rank))))
+    return summary.path, out, None
+
+
+# -- every rank -------------------------------------------------------------------------------------------------
+
+
+def analyze_inputs(
+    inputs: Inputs,
+    job: JobContext,
+    options: Options | None = None,
+    jobs: int | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Report:
+    """The Report of `inputs`. Unreadable inputs are listed in `errors` and left out; the other ranks are still
+    reported.
+
+    `on_bytes(n)` is called as input bytes are consumed (n = bytes since the last call; the total is
+    `inputs.total_bytes`): byte by byte within a file when ranks are read in this process, a whole file at a
+    time when they are read in parallel."""
+    options = options or Options()
+    outcomes: list[Outcome] = []
+    advance = on_bytes or (lambda n: None)
+    for summary in inputs.summaries:
+        outcome = read_summary(summary)
+        if outcome[2] is not None and summary.trace is not None:
+            outcome = _worker(summary.trace, job, options)  # an unreadable summary: read the rank's trace
+        outcomes.append(outcome)
+        advance(inputs.sizes.get(summary.path, 0))
+    cores = jobs or os.cpu_count() or 1
+    n_jobs = max(1, min(cores, len(inputs.traces)))
+    if n_jobs == 1:
+        for path in inputs.traces:
+            seen = [0]
+
+            def progress(n: int, seen: list[int] = seen) -> None:
+                advance(n - seen[0])
+                seen[0] = n
+
+            # a single file gets every core (fewer files than cores: see the pool below)
+            outcomes.append(_worker(path, job, options, progress, cores if len(inputs.traces) == 1 else 1))
+            advance(inputs.sizes.get(path, 0) - seen[0])
+    else:
+        with ProcessPoolExecutor(max_workers=n_jobs) as pool:
+            per_file = max(1, cores // len(inputs.traces))  # 2 files on 8 cores: 4 processes decode each
+            futures = [pool.submit(_worker, path, job, options, None, per_file) for path in inputs.traces]
+            for fut in as_completed(futures):
+                outcomes.append(fut.result())
+                advance(inputs.sizes.get(outcomes[-1][0], 0))
+    return build_report(outcomes, inputs, job, options)
+
+
+def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, options: Options) -> Report:
+    """Resolve ranks, merge the findings and assemble the Report."""
+    errors = [InputError(path, err) for path, _, err in outcomes if err]
+    results = _resolve_ranks([r for _, rs, _ in outcomes for r in rs], errors)
+    results.sort(key=lambda r: r.metrics.rank if r.metrics.rank is not None else -1)
+    findings, share = merge_findings(results, job) if options.diagnose else ([], None)
+    ranks = [r.metrics for r in results]
+    return Report(
+        tool=Tool("overlapcheck", __version__),
+        run=inputs.run,
+        ranks=ranks,
+        summary=summarize(ranks),
+        findings=findings,
+        findings_explain_share=share,
+        errors=sorted(errors, key=lambda e: e.source),
+        collective_signatures={str(r.metrics.rank): r.signature for r in results if r.signature is not None}
+        if options.signatures
+        else None,
+        timelines={
+            r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
+        },
+    )
+
+
+def _resolve_ranks(results: list[RankResult], errors: list[InputError]) -> list[RankResult]:
+    """Give every rank a number; drop (as errors) files that claim the same rank or none."""
+    if len(results) == 1 and results[0].metrics.rank is None:
+        m = results[0].metrics
+        note = "rank unknown (no distributedInfo.rank, no rank in the file name): assumed 0"
+        return [dataclasses.replace(results[0], metrics=dataclasses.replace(m, rank=0, notes=[*m.notes, note]))]
+    by_rank: dict[int, list[RankResult]] = {}
+    for r in results:
+        if r.metrics.rank is None:
+            source = r.metrics.source
+            errors.append(
+                InputError(
+                    source,
+                    f"{source}: cannot tell the rank: no distributedInfo.rank and no rank-N/workerN in the file name",
+                )
+            )
+            continue
+        by_rank.setdefault(r.metrics.rank, []).append(r)
+    out = []
+    for rank, same in by_rank.items():
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        sources = ", ".join(r.metrics.source for r in same)
+        for r in same:
+            errors.append(
+                InputError(r.metrics.source, f"{r.metrics.source}: rank {rank} is claimed by several files ({sources})")
+            )
+    return out
+
+
+# -- the public entry point ----------------------------------------------------------------------------------------
+
+
+def analyze(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    ds_config: dict[str, Any] | str | os.PathLike[str] | None = None,
+    *,
+    diagnose: bool = True,
+    timelines: bool = False,
+    jobs: int | None = None,
+) -> Report:
+    """Analyze trace files and folders (or `overlapcheck run` folders) into a Report, as `overlapcheck analyze`
+    does: `Report.to_dict()` is its JSON document. `ds_config` is the DeepSpeed config (a dict or a JSON
+    file); by default the one found beside the traces. Bad input raises `overlapcheck.UserError`; files that
+    cannot be read are listed in `Report.errors` and the other ranks are still reported."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
+    inputs = find_inputs(paths)
+    return analyze_inputs(inputs, job_context(inputs, config), Options(diagnose=diagnose, timelines=timelines), jobs)
+
+
+__all__ = ["Inputs", "Options", "ReportFormatError", "analyze", "analyze_inputs", "analyze_trace", "find_inputs"]

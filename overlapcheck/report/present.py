@@ -1,0 +1,312 @@
+"""How the report reads to a person, in one place for every output (terminal, HTML, Markdown, JUnit, gate):
+labels, units, number formats, the verdict, fix lines, and text made safe to print.
+
+Conventions: times are per profiled step (ms/step) unless labelled `total`; a value across ranks is the
+median rank unless labelled (`worst`); every column header carries its unit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from overlapcheck.model import ALL, COLLECTIVE_KEYS, COLLECTIVE_KINDS, Finding, Fix, RankMetrics, Report
+
+KIND_LABELS = {
+    "all": "all",
+    "reduce_scatter": "reduce-scatter",
+    "all_gather": "all-gather",
+    "all_reduce": "all-reduce",
+    "all_to_all": "all-to-all",
+    "send_recv": "send/recv",
+    "broadcast": "broadcast",
+    "other": "other",
+}
+KIND_SHORT = {
+    "all": "all",
+    "reduce_scatter": "RS",
+    "all_gather": "AG",
+    "all_reduce": "AR",
+    "all_to_all": "A2A",
+    "send_recv": "P2P",
+    "broadcast": "BC",
+    "other": "other",
+}
+GOOD_OVERLAP, FAIR_OVERLAP = 0.8, 0.5  # overlap at or above: hidden well / partly hidden
+GOOD_SHARE, FAIR_SHARE = 0.05, 0.15  # exposed share of the step below: well hidden / some exposed
+MAX_RANK_ROWS = 16  # ranks listed in the terminal and Markdown (worst first)
+
+
+# -- numbers ---------------------------------------------------------------------------------------------------
+
+
+def pct(value: float | None) -> str:
+    """0.123 -> '12.3%'."""
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def ms(us: float | None) -> str:
+    """Microseconds as milliseconds with two decimals: 1234.5 -> '1.23'."""
+    return "n/a" if us is None else f"{us / 1000:.2f}"
+
+
+def duration(us: float | None) -> str:
+    """Microseconds for people: 850 µs, 12.3 ms, 1.20 s."""
+    if us is None:
+        return "n/a"
+    if abs(us) >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if abs(us) >= 1e3:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us:.0f} µs"
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    values = sorted(set(ranks))
+    parts, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe(text: object) -> str:
+    """A string from a trace made safe for a terminal or a text file: control characters (ANSI and OSC
+    escapes among them) are shown as `\\xNN` instead of acting."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def safe_line(text: object) -> str:
+    """`safe`, on one line."""
+    return safe(" ".join(str(text).split()))
+
+
+# -- per-step values -------------------------------------------------------------------------------------------
+
+
+def steps_of(rank: RankMetrics) -> int:
+    """Profiled steps of a rank (a trace without steps counts as one)."""
+    return max(1, len(rank.steps))
+
+
+def per_step(rank: RankMetrics, kind: str, metric: str) -> float:
+    """A collective metric (`count`, `time_us`, `exposed_us`, `overlapped_us`) per profiled step: the mean over
+    the rank's steps, or the whole trace when it has none."""
+    if rank.steps:
+        return sum(float(getattr(s.collectives[kind], metric)) for s in rank.steps) / len(rank.steps)
+    return float(getattr(rank.collectives[kind], metric))
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def present_kinds(ranks: Sequence[RankMetrics]) -> list[str]:
+    """Collective kinds (not `all`) that some rank has, in report order."""
+    return [k for k in COLLECTIVE_KINDS if any(r.collectives[k].count for r in ranks)]
+
+
+def worst_first(ranks: Sequence[RankMetrics]) -> list[RankMetrics]:
+    """Ranks by overlap, lowest first (ranks without communication last), then by rank."""
+    return sorted(ranks, key=lambda r: (r.overlap() is None, r.overlap() or 0.0, r.rank or 0))
+
+
+@dataclass(frozen=True)
+class KindRow:
+    """One collective kind across ranks: medians per step, and the worst rank's overlap."""
+
+    kind: str
+    label: str
+    count_per_step: float
+    overlap: float | None
+    worst_overlap: float | None
+    worst_rank: int | None
+    exposed_us_per_step: float
+    time_us_per_step: float
+    hidden_us_per_step: float
+
+
+def kind_rows(report: Report) -> list[KindRow]:
+    """`all` and each collective kind present, across ranks (median rank; worst = lowest overlap)."""
+    rows = []
+    ranks = report.ranks
+    for kind in (ALL, *present_kinds(ranks)):
+        stat = report.summary.metrics.get(f"{kind}.overlap")
+        having = [r for r in ranks if r.collectives[kind].count]
+        if stat is None or not having:
+            continue
+        rows.append(
+            KindRow(
+                kind=kind,
+                label=KIND_LABELS[kind],
+                count_per_step=median(per_step(r, kind, "count") for r in having) or 0.0,
+                overlap=stat.median,
+                worst_overlap=stat.min,
+                worst_rank=stat.worst_rank,
+                exposed_us_per_step=median(per_step(r, kind, "exposed_us") for r in having) or 0.0,
+                time_us_per_step=median(per_step(r, kind, "time_us") for r in having) or 0.0,
+                hidden_us_per_step=median(per_step(r, kind, "overlapped_us") for r in having) or 0.0,
+            )
+        )
+    return rows
+
+
+# -- the verdict -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The headline every output leads with."""
+
+    level: str  # good, warn, bad, none
+    headline: str
+    ranks: int
+    overlap: float | None  # median rank
+    worst_overlap: float | None
+    worst_rank: int | None
+    exposed_share: float | None  # median rank: exposed communication / step time
+    worst_exposed_share: float | None
+    worst_share_rank: int | None
+    exposed_us_per_step: float | None  # median rank
+    step_us: float | None  # median rank's mean step time
+    top_finding: Finding | None
+
+    def sentence(self) -> str:
+        """The verdict as one line of text."""
+        if self.overlap is None:
+            return f"{self.ranks} rank(s): no communication to measure."
+        line = (
+            f"{self.headline}: median {pct(self.overlap)} of communication overlapped across {self.ranks} "
+            f"rank(s) (worst rank {self.worst_rank}: {pct(self.worst_overlap)})"
+        )
+        if self.exposed_share is not None:
+            line += f"; exposed communication is {pct(self.exposed_share)} of step time (median rank)"
+        return line + "."
+
+
+def verdict(report: Report) -> Verdict:
+    """Good / warn / bad from the exposed share of step time (the cost), else from the overlap."""
+    metrics = report.summary.metrics
+    overlap, share = metrics.get("all.overlap"), metrics.get("exposed_share")
+    if overlap is None:
+        level, headline = "none", "No communication was measured"
+    elif share is not None:
+        level = "good" if share.median < GOOD_SHARE else "warn" if share.median < FAIR_SHARE else "bad"
+        headline = {
+            "good": "Communication is well hidden behind compute",
+            "warn": "Some communication is exposed",
+            "bad": "Exposed communication is costing step time",
+        }[level]
+    else:
+        level = "good" if overlap.median >= GOOD_OVERLAP else "warn" if overlap.median >= FAIR_OVERLAP else "bad"
+        headline = {
+            "good": "Communication is well hidden behind compute",
+            "warn": "Communication is partly hidden",
+            "bad": "Communication is mostly exposed",
+        }[level]
+    having = [r for r in report.ranks if r.collectives[ALL].count]
+    return Verdict(
+        level=level,
+        headline=headline,
+        ranks=len(report.ranks),
+        overlap=overlap.median if overlap else None,
+        worst_overlap=overlap.min if overlap else None,
+        worst_rank=overlap.worst_rank if overlap else None,
+        exposed_share=share.median if share else None,
+        worst_exposed_share=share.max if share else None,
+        worst_share_rank=share.worst_rank if share else None,
+        exposed_us_per_step=median(per_step(r, ALL, "exposed_us") for r in having),
+        step_us=median(r.step_time_us / steps_of(r) for r in report.ranks),
+        top_finding=report.findings[0] if report.findings else None,
+    )
+
+
+def stragglers(report: Report) -> list[Finding]:
+    """The straggler findings of the report (the diagnosis decides what a straggler is)."""
+    return [f for f in report.findings if f.rule == "straggler"]
+
+
+# -- fixes -----------------------------------------------------------------------------------------------------
+
+
+def fix_lines(fix: Fix) -> list[str]:
+    """`set zero_optimization.reduce_bucket_size = 50000000`, `unset X`, `export X=1`, `upgrade to ...`."""
+    out = [f"set {safe_line(k)} = {safe_line(json.dumps(v))}" for k, v in (fix.config or {}).items()]
+    out += [safe_line(line) for line in env_lines(fix.env or {})]
+    if fix.upgrade:
+        out.append(f"upgrade to {safe_line(fix.upgrade)}")
+    return out
+
+
+def env_lines(env: dict[str, Any]) -> list[str]:
+    """Shell lines: `export NAME=value`, or `unset NAME` for null."""
+    return [
+        f"unset {name}" if value is None else f"export {name}={shlex.quote(str(value))}" for name, value in env.items()
+    ]
+
+
+def config_patch(dotted: dict[str, Any]) -> dict[str, Any]:
+    """{'zero_optimization.reduce_bucket_size': 5e7} -> {'zero_optimization': {'reduce_bucket_size': 5e7}}."""
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        parts = [p for p in str(key).split(".") if p] or [str(key)]
+        node = out
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        if not isinstance(node.get(parts[-1]), dict):  # a deeper key already set wins over a scalar
+            node[parts[-1]] = value
+    return out
+
+
+def combined_patch(findings: Sequence[Finding]) -> dict[str, Any] | None:
+    """One ds_config patch for all findings; where two set the same key, the costlier finding wins."""
+    merged: dict[str, Any] = {}
+    for f in reversed(findings):  # ranked costliest first
+        merged.update(f.fix.config or {})
+    return config_patch(merged) if merged else None
+
+
+def explained(report: Report) -> str | None:
+    """'explain 76.9% of exposed communication' when the report says."""
+    share = report.findings_explain_share
+    return None if share is None else f"explain {pct(share)} of exposed communication"
+
+
+__all__ = [
+    "COLLECTIVE_KEYS",
+    "KIND_LABELS",
+    "KIND_SHORT",
+    "KindRow",
+    "Verdict",
+    "combined_patch",
+    "config_patch",
+    "duration",
+    "env_lines",
+    "fix_lines",
+    "kind_rows",
+    "ms",
+    "pct",
+    "per_step",
+    "present_kinds",
+    "rank_ranges",
+    "safe",
+    "safe_line",
+    "stragglers",
+    "verdict",
+    "worst_first",
+]
