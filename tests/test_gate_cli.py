@@ -155,5 +155,5 @@ def test_an_output_never_replaces_an_input_even_with_force(write, tmp_path, opti
     before = {p: (tmp_path / p).read_text() for p in ("r.json", "base.json")}
     output = report if target == "report" else base
     result = gate(report, "--baseline", base, option, output, "--force")
-    assert result.exit_code == 2 and "is given twice" in result.output, result.output
+    assert result.exit_code == 2 and "is also an input" in result.output, result.output
     assert {p: (tmp_path / p).read_text() for p in before} == before

@@ -101,13 +101,13 @@ def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = No
 
     seen: dict[str, str] = {}
     for path in inputs or []:
-        seen[os.path.realpath(path)] = f"input {path}"
+        seen[os.path.realpath(path)] = "an input"
     for target in targets:
-        check_target(target, force)
         key = os.path.realpath(target)
         if key in seen:
-            raise UserError(f"is given twice ({seen[key]}, and as an output)", target)
-        seen[key] = target
+            raise UserError(f"is also {seen[key]}: give each output its own file", target)
+        check_target(target, force)
+        seen[key] = "another output"
 
 
 def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any:
