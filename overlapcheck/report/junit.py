@@ -5,12 +5,14 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from overlapcheck.report.gate import Check
+from overlapcheck.report.present import safe_line
 
 SUITE = "overlapcheck.gate"
 
 
 def render_junit(checks: list[Check], suite: str = SUITE) -> str:
-    """The XML document (UTF-8 declaration included); ElementTree escapes every string."""
+    """The XML document (UTF-8 declaration included); ElementTree escapes markup, and control characters
+    (which XML 1.0 cannot hold) are shown as `\\xNN`."""
     failures = sum(not c.passed for c in checks)
     root = ET.Element("testsuites", name=suite, tests=str(len(checks)), failures=str(failures), errors="0")
     ts = ET.SubElement(
@@ -18,12 +20,12 @@ def render_junit(checks: list[Check], suite: str = SUITE) -> str:
     )
     for c in checks:
         case = ET.SubElement(ts, "testcase", classname=suite, name=c.id)
-        text = f"{c.name}: measured {c.measured}, limit {c.limit}" + (f" ({c.detail})" if c.detail else "")
+        text = safe_line(f"{c.name}: measured {c.measured}, limit {c.limit}" + (f" ({c.detail})" if c.detail else ""))
         if c.passed:
             ET.SubElement(case, "system-out").text = text
         else:
             failure = ET.SubElement(
-                case, "failure", message=f"{c.name}: {c.measured}, limit {c.limit}", type="threshold"
+                case, "failure", message=safe_line(f"{c.name}: {c.measured}, limit {c.limit}"), type="threshold"
             )
             failure.text = text
     ET.indent(root)
