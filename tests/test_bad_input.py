@@ -5,20 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import kernel, write_trace
+from builders import kernel, run_cli, write_trace
 
 GEMM = "volta_sgemm_128x64_nn"
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
-
-
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "overlapcheck", *args], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:

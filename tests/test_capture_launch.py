@@ -90,7 +90,9 @@ def _manifest(out: Path) -> dict[str, Any]:
 
 def _assert_captured(out: Path, command: list[str], launcher: str) -> dict[str, Any]:
     """One trace and one summary per rank, and a manifest that says so."""
-    assert sorted(p.name for p in out.glob("rank*.trace.json.gz")) == ["rank0.trace.json.gz", "rank1.trace.json.gz"]
+    traces = sorted(p.name for p in (out / "traces").glob("rank*.pt.trace.json.gz"))
+    assert traces == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    assert not list(out.glob("*.json.gz"))  # the traces are alone in traces/, for HTA and TensorBoard
     run = _manifest(out)
     assert run["schema"] == "overlapcheck.run/1" and run["status"] == "finished"
     assert run["command"] == command and run["launcher"] == launcher and run["exit_code"] == 0
@@ -103,7 +105,7 @@ def _assert_captured(out: Path, command: list[str], launcher: str) -> dict[str, 
     assert run["profiler"]["first_step"] == 3 and run["profiler"]["last_step"] == 4
     for rank in run["ranks"]:
         assert rank["capture"]["status"] == "ok", rank
-        assert rank["capture"]["trace"] == f"rank{rank['rank']}.trace.json.gz"
+        assert rank["capture"]["trace"] == f"traces/rank{rank['rank']}.pt.trace.json.gz"
         assert rank["summary"]["status"] == "ok", rank
         assert rank["driver"] == "deepspeed"
     assert [r["rank"] for r in run["ranks"]] == [0, 1] and run["missing_ranks"] == []
@@ -150,6 +152,15 @@ def test_torchrun_launcher(tmp_path):
     assert code == 0, output[-3000:]
     _assert_captured(out, command, "torchrun")
     _assert_report_sees_zero3_collectives(out)
+    _assert_hta_opens_the_traces(out)
+
+
+def _assert_hta_opens_the_traces(out: Path) -> None:
+    """HolisticTraceAnalysis reads every .json/.gz file of the folder it is given: the run folder keeps its traces
+    alone in traces/, so HTA opens them as the README says (run.json and the summaries stay out of its way)."""
+    hta = pytest.importorskip("hta.trace_analysis")
+    analysis = hta.TraceAnalysis(trace_dir=str(out / "traces"))
+    assert sorted(analysis.t.traces) == [0, 1]
 
 
 def test_two_loopback_nodes_with_a_hostfile(tmp_path):
@@ -208,7 +219,7 @@ def test_failing_job_exit_code_is_returned_and_traces_survive(tmp_path):
     assert code == 3, output[-3000:]
     run = _manifest(out)
     assert run["exit_code"] == 3 and run["status"] == "finished"
-    assert (out / "rank0.trace.json.gz").is_file() and (out / "rank1.trace.json.gz").is_file()
+    assert (out / "traces" / "rank0.pt.trace.json.gz").is_file() and (out / "traces" / "rank1.pt.trace.json.gz").is_file()
     assert [r["capture"]["status"] for r in run["ranks"]] == ["ok", "ok"]
 
 
@@ -218,7 +229,7 @@ def test_a_profiler_that_raises_does_not_stop_the_job(tmp_path):
     code, output = _run(out, command, tmp_path, OVERLAPCHECK_TEST_FAIL_PROFILER="1")
     assert code == 0, output[-3000:]
     run = _manifest(out)
-    assert run["exit_code"] == 0 and not list(out.glob("rank*.trace.json.gz"))
+    assert run["exit_code"] == 0 and not list(out.glob("**/rank*.trace.json.gz"))
     assert len(run["ranks"]) == 2
     for rank in run["ranks"]:
         assert rank["capture"]["status"] == "failed"
@@ -301,7 +312,7 @@ def test_a_job_that_ends_inside_the_window_is_said_incomplete(tmp_path):
     assert rank["capture"]["status"] == "failed" and rank["capture"]["complete"] is False
     assert rank["capture"]["steps_captured"] == {"first": 3, "last": 3}
     assert run["incomplete_ranks"] == [0] and any("capture incomplete" in n for n in run["notes"])
-    assert (out / "rank0.trace.json.gz").is_file()
+    assert (out / "traces" / "rank0.pt.trace.json.gz").is_file()
 
 
 def test_a_helper_process_that_inherits_rank_does_not_capture_it(tmp_path):
@@ -317,6 +328,6 @@ def test_a_helper_process_that_inherits_rank_does_not_capture_it(tmp_path):
     run = _manifest(out)
     (rank,) = run["ranks"]
     assert rank["pid"] == int(who["main"]) and rank["capture"]["status"] == "ok", rank
-    events = json.loads(gzip.decompress((out / "rank0.trace.json.gz").read_bytes()))["traceEvents"]
+    events = json.loads(gzip.decompress((out / "traces" / "rank0.pt.trace.json.gz").read_bytes()))["traceEvents"]
     pids_in_trace = {e.get("pid") for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"}
     assert pids_in_trace == {int(who["main"])}

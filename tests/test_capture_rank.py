@@ -6,9 +6,10 @@ import gzip
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import kernel, launch, step, write_trace
+from builders import kernel, launch, step, write_trace
 
 from overlapcheck.capture import hook, layout
 from overlapcheck.capture.atomic import read_json
@@ -106,13 +107,13 @@ def test_profiler_window_writes_one_trace_atomically(tmp_path, monkeypatch):
     cap = _capture(tmp_path, Schedule(wait=2, warmup=1, active=2), monkeypatch)
     _train(cap, 7)
     assert cap.profiler.state == "ok", cap.profiler.error
-    trace = tmp_path / "rank0.trace.json.gz"
+    trace = Path(layout.trace_path(str(tmp_path), 0))
     doc = json.loads(gzip.decompress(trace.read_bytes()))
     steps = sorted({e["name"] for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
     assert steps == ["ProfilerStep#3", "ProfilerStep#4"]  # warm-up step 2 is not recorded
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp") or n.startswith(".")]
+    assert not [n for n in os.listdir(trace.parent) if n.endswith(".tmp") or n.startswith(".")]
     status = read_json(layout.rank_status_path(str(tmp_path), 0))
-    assert status["capture"]["status"] == "ok" and status["capture"]["trace"] == "rank0.trace.json.gz"
+    assert status["capture"]["status"] == "ok" and status["capture"]["trace"] == "traces/rank0.pt.trace.json.gz"
 
 
 def test_a_profiler_that_raises_does_not_stop_the_loop(tmp_path, monkeypatch):
@@ -123,7 +124,7 @@ def test_a_profiler_that_raises_does_not_stop_the_loop(tmp_path, monkeypatch):
     status = read_json(layout.rank_status_path(str(tmp_path), 0))
     assert status["capture"]["status"] == "failed"
     assert "InjectedFailure" in status["capture"]["error"]
-    assert not (tmp_path / "rank0.trace.json.gz").exists()
+    assert not os.path.exists(layout.trace_path(str(tmp_path), 0))
 
 
 def test_summary_writes_a_one_rank_report(tmp_path):

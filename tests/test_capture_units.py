@@ -44,7 +44,10 @@ def test_wait_must_skip_the_first_step():
 
 def test_rank_spec():
     assert parse_ranks("all") is None
-    assert parse_ranks("0,2,5-7") == {0, 2, 5, 6, 7}
+    spec = parse_ranks("0,2,5-7")
+    assert [r for r in range(10) if r in spec] == [0, 2, 5, 6, 7]
+    huge = parse_ranks("0-100000000000,7")  # ranges, not a set: no memory for a huge range
+    assert huge.ranges == ((0, 100000000000),) and 99999999999 in huge and 100000000001 not in huge
     for bad in ("1-", "a", "3-1"):
         with pytest.raises(UserError):
             parse_ranks(bad)
@@ -181,7 +184,7 @@ def test_failed_atomic_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatc
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match="disk full"):
         atomic_write_bytes(str(target), b"new")
     assert target.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["a.bin"]
@@ -200,7 +203,9 @@ def test_existing_run_folder_is_refused_without_force(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "run.json").write_text("{}")
-    (out / "rank0.trace.json.gz").write_bytes(b"x")
+    (out / "traces").mkdir()
+    (out / "traces" / "rank0.pt.trace.json.gz").write_bytes(b"x")
+    (out / "rank0.summary.json").write_text("{}")
     (out / "notes.txt").write_text("mine")
     (out / ".rank1.123.tmp.json.gz").write_bytes(b"partial")
     with pytest.raises(UserError, match="--force"):
@@ -209,7 +214,8 @@ def test_existing_run_folder_is_refused_without_force(tmp_path):
     session.prepare_out(str(tmp_path / "new"), force=False, join=True)
     assert os.listdir(tmp_path / "new") == []  # a joining node creates nothing that node 0 would refuse
     session.prepare_out(str(out), force=True, join=False)
-    assert sorted(os.listdir(out)) == ["notes.txt", "status"]  # only our files are removed
+    assert sorted(os.listdir(out)) == ["notes.txt", "status", "traces"]  # only our files are removed
+    assert os.listdir(out / "traces") == []
 
 
 def test_cli_refuses_existing_folder_with_exit_2(tmp_path):
@@ -290,7 +296,8 @@ def test_merge_builds_the_manifest_from_status_files(tmp_path):
     atomic_write_json(layout.rank_status_path(out, 1), _rank_status(1, "recording"))
     atomic_write_json(layout.summary_status_path(out, 0), {"status": "ok", "seconds": 0.3})
     atomic_write_json(layout.launcher_status_path(out, 1), _launcher(1))
-    (tmp_path / "rank0.trace.json.gz").write_bytes(b"x")
+    os.makedirs(tmp_path / "traces")
+    (tmp_path / "traces" / "rank0.pt.trace.json.gz").write_bytes(b"x")
     (tmp_path / "status" / "rank7.json").write_text("{broken")
     doc = manifest.merge(out, _launcher(0))
     assert doc["schema"] == "overlapcheck.run/1" and doc["status"] == "finished"
@@ -300,7 +307,7 @@ def test_merge_builds_the_manifest_from_status_files(tmp_path):
     assert doc["ds_config"] == {"train_batch_size": 8}
     assert doc["versions"]["torch"] == "2.13.0+cpu" and doc["versions"]["deepspeed"] == "0.19.8"
     r0, r1 = doc["ranks"]
-    assert r0["capture"]["trace"] == "rank0.trace.json.gz" and r0["summary"]["status"] == "ok"
+    assert r0["capture"]["trace"] == "traces/rank0.pt.trace.json.gz" and r0["summary"]["status"] == "ok"
     assert r0["summary"]["file"] == "rank0.summary.json" and "pid" not in r0["summary"]
     assert r1["capture"]["trace"] is None and "stopped" in r1["capture"]["error"]
     assert doc["errors"] == [{"source": os.path.join("status", "rank7.json"), "error": "unreadable status file"}]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
+from overlapcheck.errors import UserError
 from overlapcheck.fsutil import atomic_write
 
 
@@ -16,6 +18,18 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 def atomic_write_json(path: str, obj: Any) -> None:
     """Write `obj` as indented JSON to `path` atomically."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+
+
+def create_json(path: str, obj: Any) -> bool:
+    """Create `path` holding `obj`, atomically and only if it does not exist yet: True when this call created
+    it, False when it existed (another process got there first). Readers never see it half-written."""
+    try:
+        atomic_write(path, (json.dumps(obj, default=str) + "\n").encode(), force=False, durable=False)
+    except UserError:
+        if os.path.lexists(path):
+            return False
+        raise
+    return True
 
 
 def read_json(path: str) -> Any | None:

@@ -37,6 +37,8 @@ def install_from_env() -> bool:
     if settings is None or _installed:
         return False
     _installed = True
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_controller)
     callbacks = {"deepspeed.runtime.engine": _patch_engine, "torch.optim.optimizer": _patch_optimizer}
     for name, callback in callbacks.items():
         module = sys.modules.get(name)
@@ -60,6 +62,14 @@ def controller() -> Any:
             _controller = RankCapture(settings)
             atexit.register(_controller.at_exit)
         return _controller
+
+
+def _forget_controller() -> None:
+    """In a forked child: the parent's controller is the parent's rank. If the child steps an optimizer, it
+    makes its own, which then finds the rank claimed (see RankCapture) and stays out of it."""
+    global _controller, _lock
+    _controller = None
+    _lock = threading.Lock()  # the parent's may have been held at the fork
 
 
 def _safely(fn: Callable[..., Any], *args: Any) -> None:

@@ -93,6 +93,24 @@ _TORCHRUN_VALUE_OPTS = {
     "--duplicate_stderr_filters",
     "--duplicate-stderr-filters",
 }
+# srun options that take a value (srun(1), Slurm 20-24); short ones may also be written -N4, long ones --opt=value
+_SRUN_VALUE_OPTS = {
+    *("-A", "-b", "-B", "-c", "-C", "-d", "-D", "-e", "-G", "-i", "-J", "-L", "-m", "-M", "-n", "-N", "-o", "-p"),
+    *("-q", "-r", "-S", "-t", "-T", "-w", "-W", "-x"),
+    *("--account", "--acctg-freq", "--begin", "--bb", "--bbf", "--chdir", "--cluster-constraint", "--clusters"),
+    *("--comment", "--constraint", "--container", "--container-id", "--core-spec", "--cores-per-socket"),
+    *("--cpu-bind", "--cpu-freq", "--cpus-per-gpu", "--cpus-per-task", "--deadline", "--delay-boot"),
+    *("--dependency", "--distribution", "--epilog", "--error", "--exclude", "--export", "--extra-node-info"),
+    *("--gid", "--gpu-bind", "--gpu-freq", "--gpus", "--gpus-per-node", "--gpus-per-socket", "--gpus-per-task"),
+    *("--gres", "--gres-flags", "--het-group", "--hint", "--input", "--job-name", "--jobid", "--licenses"),
+    *("--mail-type", "--mail-user", "--mcs-label", "--mem", "--mem-bind", "--mem-per-cpu", "--mem-per-gpu"),
+    *("--mincpus", "--mpi", "--network", "--nodefile", "--nodelist", "--nodes", "--ntasks", "--ntasks-per-core"),
+    *("--ntasks-per-gpu", "--ntasks-per-node", "--ntasks-per-socket", "--open-mode", "--output", "--partition"),
+    *("--power", "--prefer", "--prolog", "--qos", "--relative", "--reservation", "--segment", "--signal"),
+    *("--slurmd-debug", "--sockets-per-node", "--switches", "--task-epilog", "--task-prolog", "--thread-spec"),
+    *("--threads", "--threads-per-core", "--time", "--time-min", "--tmp", "--tres-bind", "--tres-per-task"),
+    *("--uid", "--wait", "--wckey"),
+}
 _DS_MODULES = {"deepspeed.launcher.runner"}
 _TORCHRUN_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 
@@ -106,6 +124,7 @@ class LaunchPlan:
     node_rank: int = 0  # this launch's node when every node is launched separately
     per_node: bool = False  # True: one `overlapcheck run` per node (--no_ssh, torchrun --nnodes>1)
     hostfile: str | None = None  # deepspeed: the hostfile it will read, when it exists
+    inner: str | None = None  # srun: the kind of the program it starts on every task (deepspeed, torchrun, ...)
 
 
 def plan(argv: list[str], forward: list[str]) -> LaunchPlan:
@@ -119,10 +138,25 @@ def plan(argv: list[str], forward: list[str]) -> LaunchPlan:
     if exe == "torchrun" or module in _TORCHRUN_MODULES:
         return _torchrun(argv, argv[1:] if module is None else rest)
     if exe == "srun":
-        return LaunchPlan("srun", _srun_export(argv, forward))
+        program = _srun_program(argv)
+        inner = kind_of(argv[program:]) if program < len(argv) else None
+        return LaunchPlan("srun", _srun_export(argv, forward), inner=inner)
     if exe.startswith("python"):
         return LaunchPlan("python", list(argv))
     return LaunchPlan("other", list(argv))
+
+
+def kind_of(argv: list[str]) -> str:
+    """What kind of launch `argv` is, without checking its options: deepspeed, torchrun, srun, python, other."""
+    exe = os.path.basename(argv[0])
+    module, _ = _python_module(argv)
+    if exe == "deepspeed" or module in _DS_MODULES:
+        return "deepspeed"
+    if exe == "torchrun" or module in _TORCHRUN_MODULES:
+        return "torchrun"
+    if exe == "srun":
+        return "srun"
+    return "python" if exe.startswith("python") else "other"
 
 
 def _python_module(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -184,13 +218,27 @@ def _torchrun(argv: list[str], args: list[str]) -> LaunchPlan:
     return LaunchPlan("torchrun", list(argv), node_rank=node_rank, per_node=per_node)
 
 
+def _srun_program(argv: list[str]) -> int:
+    """The index in `argv` (an srun command) of the program srun runs: the first word that is neither one of
+    srun's options nor an option's value."""
+    i = 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return i + 1
+        if not tok.startswith("-") or tok == "-":
+            return i
+        i += 2 if tok in _SRUN_VALUE_OPTS else 1
+    return len(argv)
+
+
 def _srun_export(argv: list[str], forward: list[str]) -> list[str]:
     """srun forwards the whole environment unless --export limits it: then add our variables' names."""
     out = list(argv)
-    for i, tok in enumerate(out[1:], start=1):
-        if not tok.startswith("-"):
-            break  # the program srun runs: its own options are not srun's
-        if tok == "--export" and i + 1 < len(out):
+    program = _srun_program(argv)
+    for i in range(1, program):
+        tok = out[i]
+        if tok == "--export" and i + 1 < program:
             out[i + 1] = _export_value(out[i + 1], forward)
             break
         if tok.startswith("--export="):

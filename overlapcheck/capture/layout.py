@@ -1,19 +1,46 @@
-"""Where things live in a run folder. Both the launcher and the ranks use these names."""
+"""Where things live in a run folder. Both the launcher and the ranks use these names.
+
+    RUN_DIR/run.json                      the run manifest
+    RUN_DIR/rank<R>.summary.json          each rank's own analysis (what `overlapcheck report` reads)
+    RUN_DIR/traces/rank<R>.pt.trace.json.gz   the traces, alone in their folder, named as torch names them, so
+                                          that HolisticTraceAnalysis (`TraceAnalysis(trace_dir=RUN_DIR/traces)`),
+                                          TensorBoard's profiler plugin (`--logdir RUN_DIR`) and TraceLens open them
+    RUN_DIR/status/                       per-rank and per-launcher status files
+"""
 
 from __future__ import annotations
 
 import os
+import re
 
 RUN_JSON = "run.json"
 STATUS_DIR = "status"
+TRACES_DIR = "traces"
+# a trace being exported: `.rank<R>.<host>.<pid>.tmp.gz` (torch gzips only a path ending in .gz). It never
+# matches a trace pattern (*.json, *.json.gz), so a killed export is never read as a trace
+TRACE_TMP = re.compile(r"^\.rank(\d+)\.(.+)\.(\d+)\.tmp\.gz$")
+
+
+def traces_dir(out: str) -> str:
+    return os.path.join(out, TRACES_DIR)
 
 
 def trace_path(out: str, rank: int) -> str:
-    return os.path.join(out, f"rank{rank}.trace.json.gz")
+    return os.path.join(out, TRACES_DIR, f"rank{rank}.pt.trace.json.gz")
 
 
 def summary_path(out: str, rank: int) -> str:
     return os.path.join(out, f"rank{rank}.summary.json")
+
+
+def trace_tmp_path(out: str, rank: int, host: str, pid: int) -> str:
+    """Where rank `rank` (process `pid` on `host`) exports its trace before renaming it to `trace_path`."""
+    return os.path.join(out, TRACES_DIR, f".rank{rank}.{host}.{pid}.tmp.gz")
+
+
+def rank_owner_path(out: str, rank: int) -> str:
+    """The claim of the one process that captures rank `rank` (created exclusively; see RankCapture)."""
+    return os.path.join(out, STATUS_DIR, f"rank{rank}.owner")
 
 
 def rank_status_path(out: str, rank: int) -> str:

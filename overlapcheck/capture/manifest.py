@@ -64,7 +64,7 @@ def rank_entry(out: str, rank: int, status: dict, summary: dict | None) -> dict[
     """One rank's line in run.json: where it ran, whether its capture and summary succeeded."""
     capture = dict(status.get("capture") or {})
     trace = layout.trace_path(out, rank)
-    capture["trace"] = os.path.basename(trace) if os.path.isfile(trace) else None
+    capture["trace"] = os.path.relpath(trace, out) if os.path.isfile(trace) else None
     if capture.get("status") in ("waiting", "recording") and capture["trace"] is None:
         capture["error"] = capture.get("error") or (
             f"the rank stopped while its capture was {capture['status']!r} (killed, or the job failed)"
@@ -75,6 +75,8 @@ def rank_entry(out: str, rank: int, status: dict, summary: dict | None) -> dict[
     summ.pop("pid", None)
     summ.pop("host", None)
     summ["file"] = os.path.basename(layout.summary_path(out, rank)) if summ.get("status") == "ok" else None
+    capture.setdefault("steps_captured", None)
+    capture["complete"] = capture.get("status") == "ok" and capture.get("complete", True) is not False
     return {
         "rank": rank,
         "host": status.get("host"),
@@ -103,6 +105,7 @@ def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
         {h for h in [*(s.get("host") for s in by_rank), *(lt.get("host") for lt in launchers.values())] if h}
     )
     unfinished = [n for n, lt in launchers.items() if lt.get("finished_at") is None]
+    entries = [rank_entry(out, r, ranks[r], summaries.get(r)) for r in sorted(ranks)]
     return {
         "schema": SCHEMA,
         "tool": {"name": "overlapcheck", "version": __version__},
@@ -122,7 +125,14 @@ def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
         "hosts": hosts,
         "gpus": sorted({s["gpu"] for s in by_rank if s.get("gpu")}),
         "launches": [launchers[n] for n in sorted(launchers)],
-        "ranks": [rank_entry(out, r, ranks[r], summaries.get(r)) for r in sorted(ranks)],
+        "ranks": entries,
         "missing_ranks": sorted(set(range(world or 0)) - set(ranks)),
+        "incomplete_ranks": incomplete_ranks(entries),
+        "notes": [],  # what `overlapcheck run` said about the capture (filled in by the launcher)
         "errors": errors,
     }
+
+
+def incomplete_ranks(entries: list[dict[str, Any]]) -> list[int]:
+    """Ranks that were to be captured but whose trace lacks steps of the window (or is missing)."""
+    return [e["rank"] for e in entries if e["capture"].get("status") != "skipped" and not e["capture"]["complete"]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -82,15 +83,23 @@ class StepProfiler:
     """
 
     def __init__(
-        self, out: str, rank: int, schedule: Schedule, with_stack: bool, on_state: Callable[[StepProfiler], None]
+        self,
+        out: str,
+        rank: int,
+        schedule: Schedule,
+        with_stack: bool,
+        on_state: Callable[[StepProfiler], None],
+        may_write: Callable[[], bool] | None = None,
     ):
         self.out, self.rank, self.schedule, self.with_stack = out, rank, schedule, with_stack
         self.on_state = on_state
+        self.may_write = may_write  # False: another process owns this rank now; write no trace
         self.steps_done = 0
         self.state = "waiting"  # waiting -> recording -> ok | failed
         self.error: str | None = None
         self.trace_bytes: int | None = None
         self.export_s: float | None = None
+        self.steps_captured: tuple[int, int] | None = None  # first and last step whole in the exported trace
         self._prof: Any = None
 
     def tick(self) -> None:
@@ -117,9 +126,13 @@ class StepProfiler:
                 raise RuntimeError("the profiler window closed without producing a trace")
 
     def _export(self, prof: Any) -> None:
+        if self.may_write is not None and not self.may_write():
+            raise RuntimeError("another process captures this rank now; this one wrote no trace")
         started = time.perf_counter()
         final = layout.trace_path(self.out, self.rank)
-        tmp = os.path.join(self.out, f".rank{self.rank}.{os.getpid()}.tmp.json.gz")
+        # never named like a trace (*.json.gz): a killed export is not read as one
+        tmp = layout.trace_tmp_path(self.out, self.rank, socket.gethostname(), os.getpid())
+        os.makedirs(os.path.dirname(final), exist_ok=True)
         try:
             prof.export_chrome_trace(tmp)  # ".gz": torch gzips it
             os.replace(tmp, final)
@@ -128,16 +141,30 @@ class StepProfiler:
                 os.unlink(tmp)
         self.export_s = time.perf_counter() - started
         self.trace_bytes = os.path.getsize(final)
+        last = min(self.schedule.last, self.steps_done - 1)  # the job may end inside the window
+        self.steps_captured = (self.schedule.first, last) if last >= self.schedule.first else None
         self.state = "ok"
         self.on_state(self)
 
+    @property
+    def complete(self) -> bool:
+        """Whether the trace holds every step of the window."""
+        return self.state == "ok" and self.steps_captured == (self.schedule.first, self.schedule.last)
+
     def finish_early(self) -> None:
-        """At process exit: close an open window without exporting it (the job ended inside it)."""
+        """At process exit: close an open window (the job ended inside it). torch exports what was recorded
+        when the window was past its warm-up: a partial trace, kept, and marked failed with the steps it has."""
         if self._prof is not None:
             prof, self._prof = self._prof, None
             with contextlib.suppress(Exception):
                 prof.stop()
-            self.state, self.error = "failed", f"the job ended at step {self.steps_done}, inside the window"
+            sch = self.schedule
+            if self.steps_captured is not None:
+                got = f"steps {self.steps_captured[0]}-{self.steps_captured[1]} of {sch.first}-{sch.last} recorded"
+            else:
+                got = f"no step of {sch.first}-{sch.last} recorded"
+            self.state = "failed"
+            self.error = f"the job ended after {self.steps_done} optimizer steps, inside the window: {got}"
 
     def _guard(self, action: Callable[[], None]) -> None:
         try:

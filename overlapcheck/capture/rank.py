@@ -2,10 +2,18 @@
 
 The status file `status/rank<R>.json` is written only by this rank (atomically); the launcher merges all
 of them into run.json. Every method here swallows its own errors: capture must never stop the job.
+
+Only the process that joined the job as rank R captures rank R. A helper process that inherits `RANK` and
+steps an optimizer of its own (or a forked copy of the rank) would otherwise overwrite the rank's trace,
+status and summary. So the first process to reach a step claims the rank in `status/rank<R>.owner`
+(created exclusively); a later one does nothing, unless it has torch.distributed initialized and the owner
+had not (it joined the job; the owner was a helper), or the owner is a dead process on this host (a torchrun
+restart). An owner that lost its claim stops at its next write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,9 +21,10 @@ import time
 from typing import Any
 
 from overlapcheck.capture import layout, rankinfo
-from overlapcheck.capture.atomic import atomic_write_json
+from overlapcheck.capture.atomic import atomic_write_json, create_json, read_json
 from overlapcheck.capture.profiler import StepProfiler, cuda_sync_events_supported, one_line
 from overlapcheck.capture.settings import ENV_DISABLE, CaptureSettings
+from overlapcheck.capture.supervisor import process_alive
 
 
 class RankCapture:
@@ -32,6 +41,9 @@ class RankCapture:
         self.broken = False  # an unexpected error: the capture stopped on this rank
         self.summary: dict[str, Any] = {"status": "not_started"}
         self.errors: list[str] = []
+        self.pid = os.getpid()  # a forked copy of this object in a child process does nothing
+        self.helper = False  # another process captures this rank: this one does nothing
+        self._claim: dict[str, Any] | None = None
 
     # -- events from the hooks ------------------------------------------------------------------------
 
@@ -43,7 +55,7 @@ class RankCapture:
             self.errors.append(f"ds_config: {one_line(exc)}")
 
     def on_step(self, source: str, obj: Any) -> None:
-        if self.broken:
+        if self.broken or self.helper or os.getpid() != self.pid:
             return
         try:
             if not self._is_clock(source, obj):
@@ -71,13 +83,68 @@ class RankCapture:
         self.identity = rankinfo.identity()
         rank = self.identity["rank"]
         os.makedirs(os.path.join(self.settings.out, layout.STATUS_DIR), exist_ok=True)  # a node without it
+        os.makedirs(layout.traces_dir(self.settings.out), exist_ok=True)
+        if not self._take_rank(rank):
+            self.helper = True
+            return
         if not self.settings.wants(rank):
             self.skipped = True
         else:
             self.profiler = StepProfiler(
-                self.settings.out, rank, self.settings.schedule, self.settings.with_stack, self._on_profiler_state
+                self.settings.out,
+                rank,
+                self.settings.schedule,
+                self.settings.with_stack,
+                self._on_profiler_state,
+                may_write=self._owns,
             )
         self.write_status()
+
+    # -- who captures this rank ---------------------------------------------------------------------
+
+    def _take_rank(self, rank: int) -> bool:
+        """Claim rank `rank` for this process; False when another process captures it."""
+        assert self.identity is not None
+        me = {
+            "pid": self.pid,
+            "host": self.identity["host"],
+            "joined": self.identity.get("backend") is not None,  # torch.distributed initialized here
+        }
+        path = layout.rank_owner_path(self.settings.out, rank)
+        if create_json(path, me):
+            self._claim = me
+            return True
+        owner = read_json(path) or {}
+        same_host = owner.get("host") == me["host"]
+        dead = same_host and isinstance(owner.get("pid"), int) and not process_alive(owner["pid"])
+        if dead or (me["joined"] and not owner.get("joined")):
+            atomic_write_json(path, me)
+            self._claim = me
+            if not dead:  # the owner was a helper: what it wrote for this rank is not the rank's
+                for stale in (layout.trace_path(self.settings.out, rank), layout.summary_path(self.settings.out, rank)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(stale)
+            return True
+        print(
+            f"overlapcheck: process {self.pid} also steps an optimizer as rank {rank}; process "
+            f"{owner.get('pid')} on {owner.get('host')} captures rank {rank}, so this one does not",
+            file=sys.stderr,
+        )
+        return False
+
+    def _owns(self) -> bool:
+        """Whether this process still holds its rank's claim (checked before each write, a few per run)."""
+        if self._claim is None or self.identity is None:
+            return True  # no claim taken (not begun): nothing to protect
+        owner = read_json(layout.rank_owner_path(self.settings.out, self.identity["rank"]))
+        if owner is None or (owner.get("pid") == self._claim["pid"] and owner.get("host") == self._claim["host"]):
+            return True
+        self.helper = True  # lost the rank to the process that joined the job as it
+        prof, self.profiler = self.profiler, None
+        if prof is not None and prof._prof is not None:
+            with contextlib.suppress(Exception):
+                prof._prof.stop()
+        return False
 
     def _on_profiler_state(self, prof: StepProfiler) -> None:
         if prof.state == "ok":
@@ -88,6 +155,8 @@ class RankCapture:
 
     def _start_summary(self) -> None:
         """Analyze the trace in a separate, low-priority process (never in the training loop)."""
+        if not self._owns():
+            return
         rank = self.identity["rank"] if self.identity else 0
         out = self.settings.out
         env = dict(os.environ)
@@ -131,14 +200,18 @@ class RankCapture:
             state, error = "failed", self.errors[-1]
         capture: dict[str, Any] = {"status": state, "error": error, "steps_seen": prof.steps_done if prof else None}
         if prof is not None:
+            captured = prof.steps_captured
             capture.update(
                 first_step=prof.schedule.first,
                 last_step=prof.schedule.last,
                 trace_bytes=prof.trace_bytes,
                 export_s=prof.export_s,
+                # the steps whole in the trace, and whether that is the whole window (report says what is missing)
+                steps_captured={"first": captured[0], "last": captured[1]} if captured else None,
+                complete=prof.complete,
             )
             if prof.state == "ok":
-                capture["trace"] = os.path.basename(layout.trace_path(self.settings.out, ident["rank"]))
+                capture["trace"] = os.path.relpath(layout.trace_path(self.settings.out, ident["rank"]), self.settings.out)
         return {
             **ident,
             "driver": self.driver,
@@ -154,6 +227,8 @@ class RankCapture:
         }
 
     def write_status(self) -> None:
+        if self.helper or not self._owns():
+            return
         try:
             st = self.status()
             atomic_write_json(layout.rank_status_path(self.settings.out, st["rank"]), st)
@@ -162,6 +237,8 @@ class RankCapture:
 
     def at_exit(self) -> None:
         """Record how the capture ended if the job stopped before or inside the window."""
+        if os.getpid() != self.pid or self.helper:
+            return  # a forked child's copy, or not this rank's capture
         prof = self.profiler
         if prof is None or prof.state in ("ok", "failed"):
             return  # never stepped, skipped, or already final

@@ -3,11 +3,15 @@ it and the per-rank summaries, then write run.json. The job's exit status is ret
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import shutil
+import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from overlapcheck.capture import launchers, layout, manifest, propagation, supervisor
@@ -40,19 +44,13 @@ def prepare_out(out: str, force: bool, join: bool) -> None:
             if layout.is_run_file(name):
                 os.unlink(os.path.join(out, name))
         shutil.rmtree(os.path.join(out, layout.STATUS_DIR), ignore_errors=True)
+        shutil.rmtree(layout.traces_dir(out), ignore_errors=True)
     os.makedirs(os.path.join(out, layout.STATUS_DIR), exist_ok=True)
+    os.makedirs(layout.traces_dir(out), exist_ok=True)
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
+    return supervisor.process_alive(pid)
 
 
 def wait_for_summaries(out: str, timeout: float, poll: float = 0.2) -> list[int]:
@@ -87,6 +85,9 @@ def run(
         )
     if shutil.which(plan.argv[0]) is None:
         raise UserError(f"command not found: {plan.argv[0]}")
+    hint = slurm_hint(plan, os.environ)
+    if hint:
+        print(f"overlapcheck: note: {hint}", file=sys.stderr)
     out = os.path.abspath(settings.out)
     try:
         prepare_out(out, force, join)
@@ -101,21 +102,127 @@ def run(
         env[propagation.DS_ENV_FILE] = ds_env_file
     own = _launcher_status(plan, settings, ds_env_file)
     if not join:
-        atomic_write_json(os.path.join(out, layout.RUN_JSON), manifest.merge(out, own))
+        try:
+            atomic_write_json(os.path.join(out, layout.RUN_JSON), manifest.merge(out, own))
+        except OSError as exc:
+            raise UserError(f"cannot write run.json: {exc.strerror or exc}", path=out) from None
 
     code = supervisor.run_child(plan.argv, env)
 
+    # from here on nothing changes the exit status: it is the job's
     try:
         pending = wait_for_summaries(out, summary_timeout)
     except KeyboardInterrupt:  # stop waiting, still write run.json
         pending = []
-    own.update(finished_at=manifest.now_iso(), exit_code=code, summaries_unfinished=pending)
-    os.makedirs(os.path.join(out, layout.STATUS_DIR), exist_ok=True)
-    atomic_write_json(layout.launcher_status_path(out, plan.node_rank), own)
-    doc = manifest.merge(out, own)
-    atomic_write_json(os.path.join(out, layout.RUN_JSON), doc)
+    except (OSError, UserError):
+        pending = []
+    try:
+        remove_stale_exports(out)
+        own.update(finished_at=manifest.now_iso(), exit_code=code, summaries_unfinished=pending)
+        os.makedirs(os.path.join(out, layout.STATUS_DIR), exist_ok=True)
+        atomic_write_json(layout.launcher_status_path(out, plan.node_rank), own)
+        doc = manifest.merge(out, own)
+        doc["notes"] = capture_notes(doc, plan, os.environ, code)
+        atomic_write_json(os.path.join(out, layout.RUN_JSON), doc)
+    except (OSError, UserError) as exc:
+        print(f"overlapcheck: could not write the run manifest: {exc}", file=sys.stderr)
+        return code
     _tell(out, doc)
     return code
+
+
+def remove_stale_exports(out: str) -> list[str]:
+    """Remove the temp files of exports killed midway (`.rank<R>.<host>.<pid>.tmp.gz`) whose process, on this
+    host, is gone; those of other hosts (a shared run folder) are left to their own launcher. Returns them."""
+    host = socket.gethostname()
+    removed = []
+    folder = layout.traces_dir(out)
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        m = layout.TRACE_TMP.match(name)
+        if m and m.group(2) == host and not _alive(int(m.group(3))):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+    return removed
+
+
+_RANK_VARS = ("RANK", "WORLD_SIZE")
+
+
+def slurm_hint(plan: launchers.LaunchPlan, env: Mapping[str, str]) -> str | None:
+    """What to say when Slurm starts the ranks but nothing gives them RANK / WORLD_SIZE."""
+    if any(v in env for v in _RANK_VARS) or any("RANK=" in tok for tok in plan.argv):
+        return None
+    srun_python = plan.kind == "srun" and plan.inner not in ("torchrun", "deepspeed", None)
+    inside_srun = plan.kind == "python" and env.get("SLURM_PROCID") is not None and env.get("SLURM_NTASKS", "1") != "1"
+    if not (srun_python or inside_srun):
+        return None
+    return (
+        "Slurm starts these tasks, but DeepSpeed's init_distributed (like torch's env:// rendezvous) reads RANK, "
+        "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, not SLURM_PROCID / SLURM_NTASKS: unless the script "
+        "sets them, the job fails or every task runs as rank 0 of its own job. Run torchrun under srun "
+        "(srun ... torchrun --nnodes N --nproc_per_node G ...), or set them from the SLURM_* variables "
+        "(docs/capture.md, Slurm)"
+    )
+
+
+def capture_notes(doc: dict[str, Any], plan: launchers.LaunchPlan, env: Mapping[str, str], code: int) -> list[str]:
+    """What run.json `notes` says about the capture: why nothing was captured, which ranks are incomplete."""
+    notes: list[str] = []
+    if not doc["ranks"]:
+        notes.extend(_why_nothing(code))
+    else:
+        incomplete = [r for r in doc["ranks"] if r["rank"] in set(doc.get("incomplete_ranks") or [])]
+        if incomplete:
+            notes.append(
+                f"capture incomplete on {len(incomplete)} of {len(doc['ranks'])} ranks: "
+                + "; ".join(f"rank {r['rank']}: {_capture_state(r['capture'])}" for r in incomplete[:8])
+                + (f"; and {len(incomplete) - 8} more" if len(incomplete) > 8 else "")
+            )
+        if doc.get("missing_ranks"):
+            missing = doc["missing_ranks"]
+            notes.append(
+                f"{len(missing)} ranks below world_size wrote no status (never reached an optimizer step under the "
+                f"capture, or their node's files are elsewhere): {_short_list(missing)}"
+            )
+    hint = slurm_hint(plan, env)
+    if hint:
+        notes.append(hint)
+    return notes
+
+
+def _capture_state(capture: dict[str, Any]) -> str:
+    error = capture.get("error")
+    return f"{capture.get('status')}: {error}" if error else str(capture.get("status"))
+
+
+def _short_list(ranks: list[int], most: int = 16) -> str:
+    shown = ", ".join(str(r) for r in ranks[:most])
+    return shown + (f", ... ({len(ranks)} in all)" if len(ranks) > most else "")
+
+
+def _why_nothing(code: int) -> list[str]:
+    """Why no rank wrote a status, with what to do; the likeliest first."""
+    why = ["no process of the job reached an optimizer step under the capture, so no rank was captured"]
+    if code > 0:
+        why.append(f"the job failed (exit code {code}) before any rank finished an optimizer step: its output says why")
+    elif code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why.append(f"the job was killed ({name}) before any rank finished an optimizer step")
+    if importlib.util.find_spec("torch") is None:
+        why.append(
+            f"torch is not importable by {sys.executable}: the capture runs inside the job's Python, which needs "
+            "torch (pip install 'overlapcheck[capture]' into the job's environment)"
+        )
+    why.append(
+        "a rank is captured from its first optimizer step (a torch.optim optimizer or a DeepSpeed engine): a job "
+        "that never steps one (inference, evaluation) is not captured, and a Python started with -I, -E or -S, or "
+        "a launcher that replaces PYTHONPATH, never loads the capture (docs/capture.md, Limits)"
+    )
+    return why
 
 
 def _launcher_status(plan: launchers.LaunchPlan, settings: CaptureSettings, ds_env_file: str | None) -> dict[str, Any]:
@@ -149,16 +256,36 @@ def _launcher_status(plan: launchers.LaunchPlan, settings: CaptureSettings, ds_e
 
 
 def _tell(out: str, doc: dict[str, Any]) -> None:
+    """The closing lines on stderr: how many traces, and what went wrong (run.json `notes` says it too)."""
+    notes = list(doc.get("notes") or [])
+    if not doc["ranks"]:
+        why = notes[0] if notes else "nothing was captured"
+        print(f"overlapcheck: no rank traces in {out}: {why}", file=sys.stderr)
+        for line in notes[1:]:
+            print(f"overlapcheck:   {line}", file=sys.stderr)
+        return
     ok = sum(1 for r in doc["ranks"] if r["capture"].get("trace"))
     failed = [
         f"rank {r['rank']}: {r['capture'].get('error')}"
         for r in doc["ranks"]
-        if r["capture"].get("status") not in ("ok", "skipped")
+        if r["capture"].get("status") not in ("ok", "skipped") or not r["capture"].get("complete", True)
     ]
     world = doc.get("world_size") or len(doc["ranks"])
     print(f"overlapcheck: {ok}/{world} rank traces in {out}; next: overlapcheck report {out}", file=sys.stderr)
+    incomplete = doc.get("incomplete_ranks") or []
+    if incomplete:
+        print(
+            f"overlapcheck: capture incomplete on {len(incomplete)} ranks ({_short_list(incomplete)}); "
+            "run.json says which steps each has:",
+            file=sys.stderr,
+        )
     for line in failed[:5]:
         print(f"overlapcheck:   {line}", file=sys.stderr)
+    if len(failed) > 5:
+        print(f"overlapcheck:   ... and {len(failed) - 5} more ranks (run.json)", file=sys.stderr)
+    for note in notes:
+        if not note.startswith("capture incomplete"):
+            print(f"overlapcheck: note: {note}", file=sys.stderr)
 
 
 def read_run(out: str) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from overlapcheck.capture.atomic import atomic_write_bytes, atomic_write_json, read_json
+from overlapcheck.errors import UserError
 
 if TYPE_CHECKING:
     from overlapcheck.model import Report
@@ -25,7 +26,6 @@ def summarize(trace: str, ds_config: dict[str, Any] | None = None) -> Report:
     (`collective_signatures`, for the cross-rank rules of `overlapcheck report`)."""
     import dataclasses
 
-    from overlapcheck.errors import UserError
     from overlapcheck.job import JobContext
     from overlapcheck.pipeline import Inputs, Options, analyze_inputs
 
@@ -53,7 +53,7 @@ def write_summary(trace: str, out: str, status: str, rank_status: str | None = N
     except Exception as exc:  # noqa: BLE001 - recorded in run.json instead
         result = {"status": "failed", "error": one_line(exc)}
     result["seconds"] = round(time.perf_counter() - started, 3)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, UserError):
         atomic_write_json(status, result)
     return result["status"] == "ok"
 

@@ -52,6 +52,21 @@ def run_child(argv: list[str], env: Mapping[str, str]) -> int:
             signal.signal(sig, handler)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` on this host still runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True  # it exists, owned by another user
+        return True
+
+
 def exit_like(code: int) -> int:
     """Exit the way the child did: re-raise the signal that killed it, else return its code."""
     if code >= 0:

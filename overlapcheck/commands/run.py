@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
 from overlapcheck.capture.settings import CaptureSettings, Schedule, parse_ranks
 from overlapcheck.errors import UserError
 
+_COMMAND = "overlapcheck.run.command"  # ctx.meta key: the words after `--`
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+
+class _RunCommand(click.Command):
+    """`overlapcheck run [OPTIONS] -- COMMAND...`: everything before `--` is parsed strictly as our options (a
+    mistyped one is an error, with click's suggestion), and the job's command starts only after `--`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value = {
+            opt
+            for param in self.params
+            if isinstance(param, click.Option) and not param.is_flag
+            for opt in (*param.opts, *param.secondary_opts)
+        }
+        i = 0
+        while i < len(args) and args[i] != "--":
+            i += 2 if args[i] in takes_value else 1  # `--out --` names a folder, it does not end the options
+        ctx.meta[_COMMAND] = args[i + 1 :] if i < len(args) else None
+        return super().parse_args(ctx, args[:i])
+
+
+@click.command(
+    cls=_RunCommand,
+    context_settings={"allow_extra_args": True},
+    options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
+)
 @click.option("--out", "out", default=None, help="Run folder (default: overlapcheck-run-<timestamp>).")
 @click.option("--wait", type=int, default=None, help="Optimizer steps before the profiler starts [5].")
 @click.option("--warmup", type=int, default=None, help="Profiler warm-up steps (not recorded) [2].")
@@ -31,8 +56,9 @@ from overlapcheck.errors import UserError
     show_default=True,
     help="Seconds to wait for the per-rank summaries after the job ends.",
 )
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.pass_context
 def command(
+    ctx: click.Context,
     out: str | None,
     wait: int | None,
     warmup: int | None,
@@ -42,7 +68,6 @@ def command(
     ranks: str,
     force: bool,
     summary_timeout: float,
-    command: tuple[str, ...],
 ) -> None:
     """Run COMMAND (deepspeed, torchrun, srun or python ...) and profile every rank.
 
@@ -50,6 +75,7 @@ def command(
     """
     from overlapcheck.capture import session, supervisor
 
+    argv = _command_words(ctx)
     if steps is not None:
         if any(v is not None for v in (wait, warmup, active)):
             raise UserError("use either --steps or --wait/--warmup/--active, not both")
@@ -62,9 +88,20 @@ def command(
             active=default.active if active is None else active,
         )
     parse_ranks(ranks)  # validate early
-    argv = list(command)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
     settings = CaptureSettings(out=out or session.default_out(), schedule=schedule, with_stack=with_stack, ranks=ranks)
     code = session.run(argv, settings, force=force, out_given=out is not None, summary_timeout=summary_timeout)
     sys.exit(supervisor.exit_like(code))
+
+
+def _command_words(ctx: click.Context) -> list[str]:
+    """The job's command: the words after `--`. Words before it that are not our options are refused."""
+    words: Any = ctx.meta.get(_COMMAND)
+    if ctx.args:
+        raise click.UsageError(
+            f"unexpected {' '.join(ctx.args)!r} before `--`: the command to run goes after it, as in "
+            "overlapcheck run [OPTIONS] -- deepspeed train.py ...",
+            ctx,
+        )
+    if not words:
+        raise click.UsageError("no command given: overlapcheck run [OPTIONS] -- <your launch command>", ctx)
+    return list(words)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import stat
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -19,6 +20,7 @@ from typing import Any
 import msgspec
 
 from overlapcheck.errors import UserError
+from overlapcheck.fsutil import open_input
 from overlapcheck.trace.events import EVENTS_DECODER
 from overlapcheck.trace.jsonstream import TraceStream
 from overlapcheck.trace.model import ModelBuilder, TraceModel, release_free_memory
@@ -31,11 +33,11 @@ class _BadRun(Exception):
     """A worker could not decode its run."""
 
 
-def _tabulate(run: bytes) -> dict[str, Any] | None:
+def _tabulate(run: bytes | bytearray) -> dict[str, Any] | None:
     """Worker: one run of events -> the part of the model it makes; None if the run does not decode."""
     try:
         events = EVENTS_DECODER.decode(run)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     builder = ModelBuilder("")
     builder.add(events)
@@ -43,12 +45,16 @@ def _tabulate(run: bytes) -> dict[str, Any] | None:
 
 
 def worth_parallel(path: str) -> bool:
-    """Whether a file is big enough for several processes (its size on disk; a .gz is about 10x larger)."""
+    """Whether a file is big enough for several processes (its size on disk; a .gz is about 10x larger).
+    Only a regular file is opened (a FIFO would block); anything else is left to the plain reader to report."""
     try:
-        with open(path, "rb") as f:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size * 8 < MIN_BYTES:
+            return False
+        with open_input(path, "a trace file") as f:
             gzipped = f.read(2) == b"\x1f\x8b"
-        size = os.path.getsize(path)
-    except OSError:
+        size = st.st_size
+    except (OSError, ValueError, UserError):
         return False  # the plain reader reports it
     return size * (8 if gzipped else 1) >= MIN_BYTES
 
@@ -60,7 +66,7 @@ def load_parallel(path: str, workers: int, progress: Callable[[int], None] | Non
     context = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            pending: deque[Future] = deque()
+            pending: deque[Future[dict[str, Any] | None]] = deque()
             merged = 0
             for run in stream.runs():
                 pending.append(pool.submit(_tabulate, run))
@@ -72,13 +78,12 @@ def load_parallel(path: str, workers: int, progress: Callable[[int], None] | Non
         # a run did not decode, or a wrong guess misled the split that followed it: read it plainly, which
         # reports real errors
         return _load_plain(path, progress)
-    model = builder.build(stream.metadata)
-    if stream.bare_list:
-        model.notes.append("torch 1.8 trace format (bare event list)")
-    return model
+    from overlapcheck.trace.reader import finish_model
+
+    return finish_model(builder.build(stream.metadata), stream)
 
 
-def _merge(builder: ModelBuilder, future: Future, merged: int) -> int:
+def _merge(builder: ModelBuilder, future: Future[dict[str, Any] | None], merged: int) -> int:
     """Merge the next part; returns the count of parts merged. The unpickled parts leave heap holes that the
     growing columns cannot reuse, so the freed heap goes back to the system every TRIM_EVERY parts."""
     part = future.result()

@@ -9,6 +9,12 @@ between two events, and the decoder checks it, since `[` + run + `]` is valid JS
 sequence of whole events (a cut inside a string or a nested value leaves it unterminated or unbalanced). When the
 guess fails, or the array closes in this chunk, a vectorized scan of the JSON structure (braces and brackets
 outside strings) finds the exact ranges instead.
+
+Hostile input stays bounded in memory and linear in time: the structure scan resumes where it stopped instead of
+re-reading a growing buffer, whitespace between events is collapsed, and no event, header or trailer may exceed
+MAX_EVENT / MAX_METADATA bytes (a clear UserError instead of reading a 1 GB run of `[` into memory). Nesting
+deeper than the decoder's recursion limit is a UserError too; what is read but doubtful (a second `traceEvents`
+key) is recorded in `notes`.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from __future__ import annotations
 import functools
 import gzip
 import re
+import sys
 import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import msgspec
 import numpy as np
@@ -28,24 +35,32 @@ from overlapcheck.fsutil import open_input
 
 CHUNK = 4 << 20
 TAIL = 256 << 10  # where to look for the last event boundary of a chunk
+MAX_EVENT = 64 << 20  # bytes without one complete event: no trace event is this large
+MAX_METADATA = 64 << 20  # bytes before the event array, and after it (a trace's metadata is a few KB)
 
 _OPEN = np.zeros(256, dtype=np.int8)
 _OPEN[ord("{")] = _OPEN[ord("[")] = 1
 _OPEN[ord("}")] = _OPEN[ord("]")] = -1
-_KEY_BEFORE = re.compile(rb'"traceEvents"\s*:\s*$')
+_KEY_ARRAY = re.compile(rb'"traceEvents"\s*:\s*\[')  # the key of the event array and its opening bracket
+_KEY = re.compile(rb'"traceEvents"\s*:')
+_FIRST = re.compile(rb"\s*(\S)")
+_WHITESPACE_RUN = re.compile(rb"\s{2,}")
+_BOM = b"\xef\xbb\xbf"
 _QUOTE, _BACKSLASH = 34, 92
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _LEADING = re.compile(rb"\s*(,?)")  # what precedes the first event of a run: a comma after an earlier event
+_GUESS_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 @functools.cache
 def _codec_errors() -> tuple[type[BaseException], ...]:
-    """ISA-L's decompression error, when python-isal is installed."""
+    """The decompression errors: the standard library's, and ISA-L's when python-isal is installed."""
+    errors: tuple[type[BaseException], ...] = (EOFError, zlib.error, gzip.BadGzipFile)
     try:
         from isal import isal_zlib
     except ImportError:
-        return ()
-    return (isal_zlib.error,)
+        return errors
+    return (*errors, cast("type[BaseException]", isal_zlib.error))
 
 
 def _gzip_reader(f: IO[bytes]) -> IO[bytes]:
@@ -54,7 +69,7 @@ def _gzip_reader(f: IO[bytes]) -> IO[bytes]:
         from isal import igzip
     except ImportError:
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
-    return igzip.IGzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    return igzip.IGzipFile(fileobj=f, mode="rb")
 
 
 def open_bytes(path: str) -> IO[bytes]:
@@ -67,35 +82,57 @@ def open_bytes(path: str) -> IO[bytes]:
     return f
 
 
-def _structure(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of `{ } [ ]` outside strings in `buf`, and the nesting depth after each (relative to buf start).
+def _structure(
+    buf: bytes, start: int = 0, in_string: bool = False, stop: int | None = None
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Positions of `{ } [ ]` outside strings in `buf[start:stop]`, the nesting depth after each (relative to
+    the depth at `start`), and whether `stop` is inside a string.
 
-    `buf` must start outside any string.
+    `buf` must start outside any string; `in_string` says whether `start` is inside one (a scan resumed where
+    an earlier one of the same buffer stopped, so that a growing buffer is scanned once, not once per chunk).
     """
     arr = np.frombuffer(buf, dtype=np.uint8)
-    quotes = np.flatnonzero(arr == _QUOTE)
-    if len(quotes) and buf.find(b"\\") >= 0:
-        quotes = _drop_escaped_quotes(buf, arr, quotes)
-    delta = _OPEN[arr]
+    stop = len(buf) if stop is None else stop
+    seg = arr[start:stop]
+    quotes = np.flatnonzero(seg == _QUOTE)
+    if len(quotes):
+        quotes += start
+        if buf.find(b"\\", max(0, start - 1), stop) >= 0:
+            quotes = _drop_escaped_quotes(buf, arr, quotes, start, stop)
+    delta = _OPEN[seg]
     pos = np.flatnonzero(delta)
-    # a bracket is inside a string when an odd number of real quotes precede it
-    outside = (np.searchsorted(quotes, pos) & 1) == 0
+    # a bracket is inside a string when an odd number of real quotes precede it (counted from `start`)
+    outside = (np.searchsorted(quotes, pos + start) & 1) == int(in_string)
     pos = pos[outside]
     depth = np.cumsum(delta[pos], dtype=np.int64)
-    return pos, depth
+    return pos + start, depth, in_string ^ bool(len(quotes) & 1)
 
 
-def _drop_escaped_quotes(buf: bytes, arr: np.ndarray, quotes: np.ndarray) -> np.ndarray:
-    """Remove quotes preceded by an odd run of backslashes (rare: only strings that contain `\\"`)."""
+def _drop_escaped_quotes(buf: bytes, arr: np.ndarray, quotes: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Remove the quotes of `arr[start:stop]` preceded by an odd run of backslashes (rare: only strings that
+    contain `\\"`). Vectorized: the run before each such quote ends at the last other byte before it."""
     maybe = quotes[(quotes > 0) & (arr[np.maximum(quotes - 1, 0)] == _BACKSLASH)]
-    escaped = []
-    for q in maybe.tolist():
-        run = 0
-        while q - run - 1 >= 0 and buf[q - run - 1] == _BACKSLASH:
-            run += 1
-        if run & 1:
-            escaped.append(q)
-    return np.setdiff1d(quotes, np.asarray(escaped, dtype=quotes.dtype), assume_unique=True) if escaped else quotes
+    if not len(maybe):
+        return quotes
+    others = np.flatnonzero(arr[start:stop] != _BACKSLASH) + start  # each quote is one of them
+    before = np.searchsorted(others, maybe) - 1
+    runs = maybe - others[np.maximum(before, 0)] - 1
+    for i in np.flatnonzero(before < 0).tolist():  # a run from the segment's start may begin before it
+        runs[i] = _backslashes_before(buf, int(maybe[i]))
+    escaped = maybe[(runs & 1) == 1]
+    return np.setdiff1d(quotes, escaped, assume_unique=True) if len(escaped) else quotes
+
+
+def _backslashes_before(buf: bytes, q: int) -> int:
+    """The length of the run of backslashes that ends just before `buf[q]` (C-speed, even for a long run)."""
+    window = 16
+    while True:
+        lo = max(0, q - window)
+        piece = buf[lo:q]
+        run = len(piece) - len(piece.rstrip(b"\\"))
+        if run < len(piece) or lo == 0:
+            return run
+        window *= 8
 
 
 class TraceStream:
@@ -111,7 +148,13 @@ class TraceStream:
         self.progress = progress
         self.metadata: dict[str, Any] = {}
         self.bare_list = False
+        self.notes: list[str] = []  # what was read but is doubtful (TraceModel.notes)
         self._continued = False  # an earlier run of events was decoded: the next one starts with a comma
+        # how far the incomplete part of the carried bytes was already scanned: (offset, depth there, in a string)
+        self._resume: tuple[int, int, bool] = (0, 0, False)
+        self._header_scan: tuple[int, int, bool] = (0, 0, False)  # the same, for the bytes before the array
+        self._header_searched = 0  # bytes of the header already searched for the traceEvents key
+        self._first: bytes | None = None  # the first non-blank byte of the file
 
     def batches(self) -> Iterator[list]:
         """The events, decoded, in runs of whole events (about a chunk each)."""
@@ -131,8 +174,8 @@ class TraceStream:
         raw = f.fileobj if isinstance(f, gzip.GzipFile) else f  # for progress in file bytes
         header = b""  # bytes before the event array
         trailer: list[bytes] = []  # bytes after it
-        carry = b""  # bytes after the last decoded event: an incomplete event, re-scanned with the next chunk
-        events_depth = -1  # nesting depth inside the event array; -1 until found
+        trailer_bytes = 0
+        carry = b""  # bytes after the last decoded event: an incomplete event, scanned further with the next chunk
         in_array = False
         done = False
         seen_any = False
@@ -143,29 +186,39 @@ class TraceStream:
                     self.progress(raw.tell())
                 if not chunk:
                     break
+                if not seen_any and chunk.startswith(_BOM):
+                    chunk = chunk[len(_BOM) :]  # a UTF-8 byte order mark (a file saved by a Windows editor)
                 seen_any = True
                 if done:
+                    trailer_bytes += len(chunk)
+                    if trailer_bytes > MAX_METADATA:
+                        raise UserError(
+                            f"not a trace: more than {MAX_METADATA >> 20} MB of data after the event array", path
+                        )
                     trailer.append(chunk)
                     continue
                 if not in_array:
                     header += chunk
                     found = self._find_array(header)
                     if found is None:
-                        if len(header) > (256 << 20):
-                            raise UserError("not a trace: no traceEvents array in the first 256 MB", path)
+                        if len(header) > MAX_METADATA:
+                            raise UserError(
+                                f"not a trace: no traceEvents array in the first {MAX_METADATA >> 20} MB", path
+                            )
                         continue
-                    start, events_depth = found
-                    carry = header[start:]
-                    header = header[: start - 1]  # without the array's "["
+                    carry = header[found:]
+                    header = header[: found - 1]  # without the array's "["
                     in_array = True
                 else:
                     carry += chunk
-                batch, carry = self._guess_split(carry, decode)
-                if batch is not None:
-                    if batch:
-                        yield batch
-                    continue
-                batch, carry, rest = self._split(carry, events_depth)
+                if self._resume[0] <= TAIL:  # not inside a long incomplete event: the cheap guess first
+                    batch, carry = self._guess_split(carry, decode)
+                    if batch is not None:
+                        self._resume = (0, 0, False)
+                        if batch:
+                            yield batch
+                        continue
+                batch, carry, rest = self._split(carry)
                 if batch:
                     yield self._decode(batch, decode)
                 if rest is not None:
@@ -173,13 +226,13 @@ class TraceStream:
                     carry = b""
                     done = True
             if in_array and not done:  # the array closes in the last bytes: find it exactly
-                batch, carry, rest = self._split(carry, events_depth)
+                batch, carry, rest = self._split(carry)
                 if batch:
                     yield self._decode(batch, decode)
                 if rest is not None:
                     trailer.append(rest)
                     done = True
-        except (EOFError, zlib.error, gzip.BadGzipFile, *_codec_errors()) as exc:
+        except _codec_errors() as exc:
             raise UserError(f"corrupt or truncated gzip data ({exc})", path) from None
         finally:
             f.close()
@@ -216,52 +269,80 @@ class TraceStream:
             return body, buf[cut:]
         try:
             events = self.decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _GUESS_ERRORS:
             return None, buf
         self._continued = True
         return events, buf[cut:]
 
-    def _find_array(self, header: bytes) -> tuple[int, int] | None:
-        """Byte offset just inside the event array and the depth there, or None if not in `header` yet."""
-        stripped = header.lstrip()
-        if not stripped:
-            return None
-        if stripped[:1] == b"[":
+    def _find_array(self, header: bytes) -> int | None:
+        """Byte offset just inside the event array, or None if it is not in `header` yet.
+
+        Called with a growing header; each call searches only the new bytes for the `"traceEvents": [` key and
+        scans the structure (to tell the top-level key from one inside a string or a nested object) only up to
+        where such a key appears, resuming where the previous scan stopped."""
+        if self._first is None:
+            m = _FIRST.match(header, self._header_searched)  # only blanks before: linear, not quadratic
+            if m is None:
+                self._header_searched = len(header)
+                return None
+            self._first = m.group(1)
+        if self._first == b"[":
             self.bare_list = True
-            return header.index(b"[") + 1, 1
-        if stripped[:1] != b"{":
+            return header.index(b"[") + 1
+        if self._first != b"{":
             self._raise_not_trace(header)
-        pos, depth = _structure(header)
-        opens = pos[(depth == 2) & (np.frombuffer(header, np.uint8)[pos] == ord("["))]
-        for p in opens.tolist():
-            if _KEY_BEFORE.search(header, max(0, p - 64), p):
-                return p + 1, 1
+        searched, self._header_searched = self._header_searched, len(header)
+        keys = [m.end() - 1 for m in _KEY_ARRAY.finditer(header, max(0, searched - 256))]
+        keys = [p for p in keys if p >= searched]  # the ones seen before were checked then
+        if not keys:
+            return None
+        offset, depth0, in_string = self._header_scan
+        while offset < len(header):  # in blocks: the scan's arrays stay a few times CHUNK at most
+            stop = min(len(header), offset + CHUNK)
+            pos, depth, in_string = _structure(header, offset, in_string, stop)
+            depth += depth0
+            at = np.searchsorted(pos, keys)
+            for p, i in zip(keys, at.tolist(), strict=True):
+                if i < len(pos) and int(pos[i]) == p and int(depth[i]) == 2:  # `[` inside the top-level object
+                    return p + 1
+            offset, depth0 = stop, int(depth[-1]) if len(depth) else depth0
+            self._header_scan = (offset, depth0, in_string)
         return None
 
-    def _split(self, buf: bytes, depth0: int) -> tuple[bytes, bytes, bytes | None]:
+    def _split(self, buf: bytes) -> tuple[bytes, bytes, bytes | None]:
         """Split `buf` (starting just inside the array, between events) into complete events, the incomplete
-        tail, and, when the array closes in `buf`, the bytes after it."""
-        pos, depth = _structure(buf)
-        # depth relative to buf start; 0 = between events, -1 = the array closed
+        tail, and, when the array closes in `buf`, the bytes after it.
+
+        The scan resumes where the previous one stopped (`self._resume`), so an event that spans many chunks is
+        scanned once; a run of bytes with no complete event is bounded by MAX_EVENT."""
+        offset, depth0, in_string = self._resume
+        pos, depth, in_string_end = _structure(buf, offset, in_string)
+        depth += depth0  # depth relative to buf start; 0 = between events, -1 = the array closed
         closes = np.flatnonzero(depth < 0)
-        rest = None
         if len(closes):
-            end_idx = closes[0]
-            close_at = int(pos[end_idx])
-            rest = buf[close_at + 1 :]
-            pos, depth = pos[:end_idx], depth[:end_idx]
-            buf_end = close_at
-        else:
-            buf_end = len(buf)
-        ends = pos[depth == 0]
-        if rest is not None:
-            body = buf[:buf_end].strip()
+            close_at = int(pos[closes[0]])
+            self._resume = (0, 0, False)
+            body = buf[:close_at].strip()
             if body.endswith(b","):
                 body = body[:-1]
-            return body, b"", rest
+            return body, b"", buf[close_at + 1 :]
+        ends = pos[depth == 0]
+        final_depth = int(depth[-1]) if len(depth) else depth0
         if not len(ends):
+            if final_depth == 0 and not in_string_end and len(buf) > TAIL:
+                # only separators (and stray scalars) since the last event: collapse the blank runs
+                buf = _WHITESPACE_RUN.sub(b" ", buf)
+            if len(buf) > MAX_EVENT:
+                raise UserError(
+                    f"no complete event in {MAX_EVENT >> 20} MB of the event array: "
+                    "an event that large, or data that is not trace events",
+                    self.path,
+                )
+            self._resume = (len(buf), final_depth, in_string_end)
             return b"", buf, None
         last = int(ends[-1]) + 1
+        # what follows the last complete event was scanned already: resume after it
+        self._resume = (len(buf) - last, final_depth, in_string_end)
         return buf[:last].strip(), buf[last:], None
 
     def _decode(self, body: bytes, decode: bool = True) -> Any:
@@ -278,14 +359,20 @@ class TraceStream:
             raise UserError(f"unexpected event field type ({exc})", self.path) from None
         except msgspec.DecodeError as exc:
             raise UserError(f"malformed JSON ({exc})", self.path) from None
+        except RecursionError:
+            raise UserError(f"an event is nested too deeply (over {_depth_limit()} levels)", self.path) from None
 
     def _read_metadata(self, header: bytes, trailer: bytes) -> None:
         if self.bare_list:
             return
+        if _KEY.search(trailer) or len(_KEY.findall(header)) > 1:
+            self.notes.append("the trace has a second traceEvents key: only the first event array was read")
         try:
             meta = msgspec.json.decode(header + b"[]" + trailer)
         except msgspec.DecodeError as exc:
             raise UserError(f"malformed JSON around the event array ({exc})", self.path) from None
+        except RecursionError:
+            raise UserError(f"metadata nested too deeply (over {_depth_limit()} levels)", self.path) from None
         if isinstance(meta, dict):
             meta.pop("traceEvents", None)
             self.metadata = meta
@@ -293,7 +380,12 @@ class TraceStream:
     def _raise_not_trace(self, header: bytes) -> None:
         try:
             doc = msgspec.json.decode(header)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             raise UserError("not a trace: malformed or truncated JSON with no traceEvents array", self.path) from None
         kind = type(doc).__name__
         raise UserError(f"not a trace: a JSON {kind} without a traceEvents array", self.path)
+
+
+def _depth_limit() -> int:
+    """About how deep the decoder can nest (it recurses in C, bounded by the interpreter's recursion limit)."""
+    return sys.getrecursionlimit()

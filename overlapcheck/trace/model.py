@@ -2,13 +2,19 @@
 
 Built in a single pass over the decoded event batches; no list of event dicts is ever kept. String fields
 (names, process groups, dtypes) are interned into `names` and stored as indices.
+
+Values that do not fit are kept out without per-event checks, and said in `notes`: an integer outside its
+column's range (a correlation, stream or byte count >= 2**63, a digit string of any length) is read as
+unknown (-1) when a batch's one-shot conversion overflows; events whose time is not finite are dropped by a
+vectorized check at the end; negative durations are counted on the zero-duration path only.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +23,8 @@ from overlapcheck.trace.events import Event
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_IN_TID = re.compile(r"(\d+)")
+_MAX_DIGITS = 19  # a longer digit string does not fit an int64 column (and int() refuses over 4300 digits)
+_TOO_BIG = 1 << 64  # what such a string reads as: out of every column's range, so it is noted and dropped
 
 
 class Table:
@@ -31,6 +39,10 @@ class Table:
 
     def take(self, index: np.ndarray) -> Table:
         return Table({c: getattr(self, c)[index] for c in self._columns})
+
+    if TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> np.ndarray: ...  # the columns (for the type checker)
 
 
 # column name -> dtype, per family
@@ -106,18 +118,41 @@ class TraceModel:
 class _Columns:
     """Row tuples appended batch by batch, flushed into one contiguous array per column and batch."""
 
-    def __init__(self, columns: dict[str, type]):
-        self.columns = columns
+    def __init__(self, columns: Mapping[str, type]):
+        self.columns = dict(columns)
         self.dtype = np.dtype(list(columns.items()))
         self.rows: list[tuple] = []
         self.parts: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+        self.clamped: dict[str, int] = {}  # column -> integers out of its range, read as -1
 
     def flush(self) -> None:
         if self.rows:
-            batch = np.fromiter(self.rows, dtype=self.dtype, count=len(self.rows))
+            try:
+                batch = np.fromiter(self.rows, dtype=self.dtype, count=len(self.rows))
+            except OverflowError:  # an integer beyond its column's range: this batch the slow way
+                batch = np.fromiter(self._clamped_rows(), dtype=self.dtype, count=len(self.rows))
             self.rows = []
             for c, parts in self.parts.items():
                 parts.append(np.ascontiguousarray(batch[c]))
+
+    def _clamped_rows(self) -> list[tuple]:
+        """The rows with every integer outside its column's range replaced by -1 (unknown), counted in `clamped`."""
+        bounds = [
+            (i, c, int(np.iinfo(t).min), int(np.iinfo(t).max))
+            for i, (c, t) in enumerate(self.columns.items())
+            if np.issubdtype(t, np.integer)
+        ]
+        out = []
+        for row in self.rows:
+            if any(not lo <= row[i] <= hi for i, _, lo, hi in bounds):
+                fixed = list(row)
+                for i, c, lo, hi in bounds:
+                    if not lo <= fixed[i] <= hi:
+                        fixed[i] = -1
+                        self.clamped[c] = self.clamped.get(c, 0) + 1
+                row = tuple(fixed)
+            out.append(row)
+        return out
 
     def append(self, columns: dict[str, np.ndarray]) -> None:
         """Append rows given as one array per column (cast to this table's dtypes)."""
@@ -182,6 +217,8 @@ class ModelBuilder:
         self._threads: dict[tuple[Any, Any], int] = {}
         self._thread_names: dict[tuple[Any, Any], str] = {}
         self._is_comm: dict[str, bool] = {}  # kernel name -> NCCL/RCCL kernel
+        self.bad_durations = 0  # negative durations, read as 0
+        self.bad_steps = 0  # ProfilerStep#N whose N does not fit 64 bits, left out
 
     def intern(self, text: str | None) -> int:
         if text is None:
@@ -208,6 +245,7 @@ class ModelBuilder:
         gpu_rows, rt_rows, op_rows = self.gpu.rows, self.runtime.rows, self.ops.rows
         index, intern, threads = self._index, self.intern, self._threads
         family_of = _FAMILY.get
+        bad_durations = 0
         for ev in events:
             ph = ev.ph
             if ph != "X":
@@ -221,7 +259,12 @@ class ModelBuilder:
             if ts is None:
                 continue
             dur = ev.dur
-            end = ts + dur if dur is not None and dur > 0 else ts + 0.0
+            if dur is not None and dur > 0:
+                end = ts + dur
+            else:
+                end = ts + 0.0
+                if dur:  # negative (NaN too, though JSON cannot spell it)
+                    bad_durations += 1
             name = ev.name or ""
             if family >= _OP:
                 key = (ev.pid, ev.tid)
@@ -236,7 +279,10 @@ class ModelBuilder:
                 if kind != PYTHON and name.startswith("ProfilerStep#"):
                     m = _STEP.match(name)
                     if m:
-                        self.steps.append((int(m.group(1)), ts, end))
+                        if len(m.group(1)) <= _MAX_DIGITS - 1:
+                            self.steps.append((int(m.group(1)), ts, end))
+                        else:
+                            self.bad_steps += 1
             elif family == _RUNTIME:
                 key = (ev.pid, ev.tid)
                 thread = threads.get(key)
@@ -262,6 +308,7 @@ class ModelBuilder:
                 )
             else:
                 gpu_rows.append(self._gpu_row(family, name, ts, end, ev))
+        self.bad_durations += bad_durations
         for cols in (self.gpu, self.runtime, self.ops, self.syncs, self.flows):
             cols.flush()
 
@@ -329,7 +376,16 @@ class ModelBuilder:
             "thread_names": self._thread_names,
             "steps": self.steps,
             "tables": tables,
+            "counts": self._counts(),
         }
+
+    def _counts(self) -> dict[str, int]:
+        """What was kept out or changed while reading, by kind (for the notes; summed when builders merge)."""
+        counts = {"bad_durations": self.bad_durations, "bad_steps": self.bad_steps}
+        for family in _FAMILIES:
+            for column, n in getattr(self, family).clamped.items():
+                counts[f"{family}.{column}"] = n
+        return counts
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append a `part()` built from the events that follow this builder's, as if `add` had seen them."""
@@ -346,6 +402,15 @@ class ModelBuilder:
             getattr(self, family).append(data)
         self.steps.extend(part["steps"])
         self._thread_names.update(part["thread_names"])
+        for key, n in part.get("counts", {}).items():
+            if key == "bad_durations":
+                self.bad_durations += n
+            elif key == "bad_steps":
+                self.bad_steps += n
+            else:
+                family, column = key.split(".", 1)
+                clamped = getattr(self, family).clamped
+                clamped[column] = clamped.get(column, 0) + n
 
     def build(self, metadata: dict[str, Any]) -> TraceModel:
         """The model; then the memory that reading freed goes back to the system (see `release_free_memory`)."""
@@ -358,24 +423,56 @@ class ModelBuilder:
         threads = [("", "", "")] * len(self._threads)
         for (pid, tid), idx in self._threads.items():
             threads[idx] = (pid, tid, self._thread_names.get((pid, tid), ""))
+        # flushed before the counts are read: the last batch's clamped integers are counted at its flush
+        tables = {family: getattr(self, family).table() for family in _FAMILIES}
+        notes = self._notes()
+        steps_table = Table(
+            {
+                "number": np.array([s[0] for s in steps], dtype=np.int64),
+                "start": np.array([s[1] for s in steps], dtype=np.float64),
+                "end": np.array([s[2] for s in steps], dtype=np.float64),
+            }
+        )
+        dropped = 0
+        for family in (*_FAMILIES, "steps"):
+            table = tables[family] if family != "steps" else steps_table
+            finite = np.isfinite(table.start)
+            if hasattr(table, "end"):
+                finite &= np.isfinite(table.end)
+            if not finite.all():
+                dropped += int(len(finite) - finite.sum())
+                table = table.take(finite)
+                if family == "steps":
+                    steps_table = table
+                else:
+                    tables[family] = table
+        if dropped:
+            notes.append(f"{dropped} events with an infinite or NaN time or end were left out")
         return TraceModel(
             source=self.source,
             metadata=metadata,
             names=self.names,
-            gpu=self.gpu.table(),
-            runtime=self.runtime.table(),
-            ops=self.ops.table(),
-            syncs=self.syncs.table(),
-            flows=self.flows.table(),
-            steps=Table(
-                {
-                    "number": np.array([s[0] for s in steps], dtype=np.int64),
-                    "start": np.array([s[1] for s in steps], dtype=np.float64),
-                    "end": np.array([s[2] for s in steps], dtype=np.float64),
-                }
-            ),
+            gpu=tables["gpu"],
+            runtime=tables["runtime"],
+            ops=tables["ops"],
+            syncs=tables["syncs"],
+            flows=tables["flows"],
+            steps=steps_table,
             threads=threads,
+            notes=notes,
         )
+
+    def _notes(self) -> list[str]:
+        counts = self._counts()
+        notes = []
+        if counts.pop("bad_durations"):
+            notes.append(f"{self.bad_durations} events with a negative duration were read as instants (duration 0)")
+        if counts.pop("bad_steps"):
+            notes.append(f"{self.bad_steps} ProfilerStep annotations with a step number beyond 64 bits were left out")
+        if counts:
+            fields = ", ".join(f"{key} ({n})" for key, n in sorted(counts.items()))
+            notes.append(f"integers out of range, read as unknown (-1): {fields}")
+        return notes
 
 
 def release_free_memory() -> None:
@@ -400,11 +497,16 @@ _malloc_trim: Any = None  # glibc's malloc_trim once looked up, False where ther
 
 
 def _as_int(value: Any) -> int | None:
+    """An int, or the first number in a string (`stream 7`, `cuda:1`); None when there is none. A number too
+    long for 64 bits reads as _TOO_BIG, which the column's conversion then notes and drops."""
     if isinstance(value, int):
         return value
     if isinstance(value, str):
         m = _STREAM_IN_TID.search(value)
-        return int(m.group(1)) if m else None
+        if m is None:
+            return None
+        digits = m.group(1)
+        return int(digits) if len(digits) <= _MAX_DIGITS else _TOO_BIG
     return None
 
 

@@ -1,0 +1,574 @@
+"""The adversarial corpus: crafted trace inputs, built here by a generator, each read by the reader and by
+`overlapcheck analyze`. Nothing may raise a traceback or hang: a file is either read (its doubtful values said
+in the rank's `notes`) or refused with one line on stderr and exit code 2, the other ranks still reported.
+
+Families: integers beyond 64 bits in every numeric field, nesting 10^5 deep, negative / huge / infinite
+times, duplicate `traceEvents` keys, bad ranks, truncated and corrupt gzip, whitespace and bracket runs,
+FIFOs, devices, broken links and loops, wrong field types, malformed JSON.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from overlapcheck.cli import main
+from overlapcheck.errors import UserError
+from overlapcheck.trace import jsonstream
+from overlapcheck.trace.reader import load_trace
+
+GEMM = "volta_sgemm_128x64_nn"
+NCCL = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+BIG = (2**63, 2**64, -(2**63) - 1, 10**30)  # each overflows an int64 column
+DEEP = 100_000
+SMALL_CHUNK = 64 << 10  # the stream's limits, scaled down so that the size families stay fast
+SMALL_LIMIT = 1 << 20
+
+
+# ---- building blocks -----------------------------------------------------------------------------------
+
+
+def kernel(name: str = GEMM, ts: float = 10, dur: float = 40, stream: Any = 7, **args: Any) -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"device": 0, "stream": stream, "correlation": 1, **args},
+    }
+
+
+def good_events() -> list[dict[str, Any]]:
+    return [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "pid": 100, "tid": 100, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": 100, "ts": 1, "dur": 2,
+         "args": {"correlation": 1}},
+        {"ph": "s", "cat": "ac2g", "id": 1, "pid": 100, "tid": 100, "ts": 1},
+        kernel(GEMM, 10, 40),
+        kernel(NCCL, 30, 40, stream=20, **{"In msg nelems": 1024, "dtype": "BFloat16", "Group size": 2}),
+        {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 7, "ts": 60, "dur": 1,
+         "args": {"stream": 7, "wait_on_stream": 20, "correlation": 3}},
+        {"ph": "M", "name": "thread_name", "pid": 100, "tid": 100, "args": {"name": "python"}},
+    ]  # fmt: skip
+
+
+def doc_bytes(events: list[Any] | None = None, rank: Any = 0, world: Any = 2, **top: Any) -> bytes:
+    doc: dict[str, Any] = {"schemaVersion": 1, **top}
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+    doc["traceEvents"] = good_events() if events is None else events
+    return json.dumps(doc).encode()
+
+
+def nested(depth: int, open_: bytes = b"[", close: bytes = b"]") -> bytes:
+    return open_ * depth + close * depth
+
+
+def gz_repeat(parts: list[tuple[bytes, int]]) -> bytes:
+    """gzip of the concatenation of `piece * times`, without building the uncompressed bytes."""
+    c = zlib.compressobj(6, zlib.DEFLATED, 31)
+    out = []
+    for piece, times in parts:
+        block = piece * max(1, min(times, (1 << 20) // len(piece)))
+        left = times * len(piece)
+        while left > 0:
+            take = block[: min(len(block), left)]
+            out.append(c.compress(take))
+            left -= len(take)
+    out.append(c.flush())
+    return b"".join(out)
+
+
+@dataclass
+class Case:
+    """One crafted input. `make(folder)` writes it and returns the path to analyze.
+
+    expect: "ok" (read, exit 0), "error" (refused: exit 2, one line naming the file), "either".
+    note / message: a substring of the rank's notes (when read) / of the error line (when refused).
+    """
+
+    id: str
+    make: Callable[[Path], Path]
+    expect: str = "either"
+    note: str | None = None
+    message: str | None = None
+    small_limits: bool = False  # run with SMALL_CHUNK / SMALL_LIMIT (the size families)
+
+
+def file_case(id: str, data: bytes, name: str = "rank0.json", **kw: Any) -> Case:
+    def make(folder: Path) -> Path:
+        path = folder / name
+        path.write_bytes(data)
+        return path
+
+    return Case(id, make, **kw)
+
+
+# ---- the generator -------------------------------------------------------------------------------------
+
+
+def _overflow_cases() -> Iterator[Case]:
+    note = "out of range"
+    for value in BIG:
+        v = f"{value:+d}".replace("+", "p").replace("-", "m")[:8]
+        fields: dict[str, list[dict[str, Any]]] = {
+            "kernel.correlation": [kernel(correlation=value)],
+            "kernel.stream": [kernel(stream=value)],
+            "kernel.device": [kernel(device=value)],
+            "kernel.bytes": [kernel(NCCL, bytes=value)],
+            "kernel.in_nelems": [kernel(NCCL, **{"In msg nelems": value})],
+            "kernel.in_size": [kernel(NCCL, **{"In msg size": value})],
+            "runtime.correlation": [
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+                 "args": {"correlation": value}},
+            ],
+            "sync.wait_on_stream": [
+                {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 7, "ts": 1, "dur": 1,
+                 "args": {"stream": 7, "wait_on_stream": value}},
+            ],
+            "sync.stream": [
+                {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 1, "dur": 1,
+                 "args": {"stream": value}},
+            ],
+            "flow.id": [{"ph": "s", "cat": "ac2g", "id": value, "pid": 1, "tid": 1, "ts": 1}],
+        }  # fmt: skip
+        for field, extra in fields.items():
+            yield file_case(f"overflow-{field}-{v}", doc_bytes(good_events() + extra), expect="ok", note=note)
+        # pid / tid are thread keys (never columns): read as they are
+        thread = {**kernel(), "pid": value, "tid": value}
+        yield file_case(f"overflow-pid-tid-{v}", doc_bytes(good_events() + [thread]), expect="ok")
+    for digits in (20, 400, 5000):
+        big = "9" * digits
+        strings: dict[str, list[dict[str, Any]]] = {
+            "device-str": [kernel(device=f"cuda:{big}")],
+            "stream-str": [kernel(stream=f"stream {big}")],
+            "tid-str": [{**kernel(), "tid": f"stream {big}", "args": {"correlation": 1}}],
+            "flow-id-str": [{"ph": "s", "cat": "ac2g", "id": f"id{big}", "pid": 1, "tid": 1, "ts": 1}],
+        }
+        for field, extra in strings.items():
+            yield file_case(f"overflow-{field}-{digits}", doc_bytes(good_events() + extra), expect="ok", note=note)
+        step = {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{big}",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 9,
+        }
+        yield file_case(f"overflow-step-{digits}", doc_bytes(good_events() + [step]), expect="ok", note="ProfilerStep")
+    for digits in (400, 5000):  # an integer literal that long in a typed field
+        text = doc_bytes().replace(b'"correlation": 1}', b'"correlation": ' + b"9" * digits + b"}", 1)
+        yield file_case(f"overflow-literal-{digits}", text, expect="either")
+
+
+def _nesting_cases() -> Iterator[Case]:
+    deep_list, deep_obj = nested(DEEP), b'{"a":' * DEEP + b"1" + b"}" * DEEP
+    ev = b'{"ph":"X","cat":"kernel","name":"k","ts":1,"dur":1,"pid":0,"tid":7'
+    places = {
+        "args-list": ev + b',"args":{"x":' + deep_list + b"}}",
+        "args-object": ev + b',"args":{"x":' + deep_obj + b"}}",
+        "event-field": ev + b',"unknown":' + deep_list + b"}",
+        "args-itself": ev + b',"args":' + deep_list + b"}",
+    }
+    for where, event in places.items():
+        yield file_case(f"deep-{where}", b'{"traceEvents": [' + event + b"]}", expect="error", message="deep")
+    yield file_case("deep-event-array", b'{"traceEvents": [' + deep_list + b"]}", expect="error")
+    yield file_case("deep-bare-list", b"[" + deep_list + b"]", expect="error")
+    good = doc_bytes()[1:]  # without its opening brace
+    yield file_case("deep-metadata-before", b'{"deviceProperties": ' + deep_list + b", " + good, expect="error")
+    yield file_case("deep-metadata-after", doc_bytes()[:-1] + b', "extra": ' + deep_obj + b"}", expect="error")
+    info = b'{"distributedInfo": {"rank": 0, "x": ' + deep_list + b'}, "traceEvents": []}'
+    yield file_case("deep-distributed-info", info, expect="error")
+    shallow = b'{"traceEvents": [' + ev + b',"args":{"x":' + nested(200) + b"}}]}"
+    yield file_case("nested-200-in-args", shallow, expect="ok")
+    yield file_case("nested-200-metadata", doc_bytes()[:-1] + b', "extra": ' + nested(200) + b"}", expect="ok")
+
+
+def _time_cases() -> Iterator[Case]:
+    variants: dict[str, tuple[dict[str, Any], str, str | None]] = {
+        "negative-dur": ({"dur": -5}, "ok", "negative duration"),
+        "huge-negative-dur": ({"dur": -1e308}, "ok", "negative duration"),
+        "infinite-end": ({"ts": 1e308, "dur": 1.7e308}, "ok", "infinite or NaN"),
+        "huge-ts": ({"ts": 1e308, "dur": 1}, "ok", None),
+        "negative-ts": ({"ts": -1e15, "dur": 5}, "ok", None),
+        "zero-dur": ({"dur": 0}, "ok", None),
+        "ts-1e999": ({"ts": "__1e999__"}, "error", "out of range"),
+        "dur-minus-1e999": ({"dur": "__-1e999__"}, "error", "out of range"),
+        "no-ts": ({"ts": None}, "ok", None),
+        "no-dur": ({"dur": None}, "ok", None),
+    }
+    for name, (change, expect, text) in variants.items():
+        events = good_events()
+        events.append({**kernel(), **change})
+        data = doc_bytes(events).replace(b'"__', b"").replace(b'__"', b"")
+        yield file_case(f"time-{name}", data, expect=expect, note=text if expect == "ok" else None,
+                        message=text if expect == "error" else None)  # fmt: skip
+    step = {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": "ProfilerStep#9",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1e308,
+        "dur": 1e308,
+    }
+    yield file_case("time-infinite-step", doc_bytes(good_events() + [step]), expect="ok", note="infinite or NaN")
+
+
+def _duplicate_cases() -> Iterator[Case]:
+    ev = json.dumps(kernel()).encode()
+    dup = "second traceEvents"
+    yield file_case(
+        "dup-two-arrays", b'{"traceEvents": [' + ev + b'], "traceEvents": [' + ev + b"]}", expect="ok", note=dup
+    )
+    yield file_case("dup-scalar-first", b'{"traceEvents": 5, "traceEvents": [' + ev + b"]}", expect="ok", note=dup)
+    yield file_case("dup-empty-second", b'{"traceEvents": [' + ev + b'], "traceEvents": []}', expect="ok", note=dup)
+    yield file_case("dup-nested-key", b'{"x": {"traceEvents": [1]}, "traceEvents": [' + ev + b"]}", expect="ok")
+    yield file_case("key-in-a-string", b'{"x": "\\"traceEvents\\": [", "traceEvents": [' + ev + b"]}", expect="ok")
+    yield file_case("events-an-object", b'{"traceEvents": {"a": 1}}', expect="error", message="not a trace")
+    yield file_case("events-a-string", b'{"traceEvents": "[]"}', expect="error", message="not a trace")
+
+
+def _rank_cases() -> Iterator[Case]:
+    bad = {
+        "minus-one": -1,
+        "int64-max-plus": 2**63,
+        "huge": 10**30,
+        "word": "abc",
+        "bool": True,
+        "digits-5000": "9" * 5000,
+        "unicode-digit": "\u0663",
+        "float": 1.5,
+        "null": None,
+        "object": {"a": 1},
+    }
+    for name, rank in bad.items():
+        data = doc_bytes(rank=0)
+        data = data.replace(b'"rank": 0', b'"rank": ' + json.dumps(rank).encode(), 1)
+        yield file_case(f"rank-{name}", data, name="rank3.json", expect="ok", note="not a rank number")
+    yield file_case("rank-equals-world", doc_bytes(rank=2, world=2), expect="ok", note="not below its world_size")
+    yield file_case("rank-above-world", doc_bytes(rank=70, world=8), expect="ok", note="not below its world_size")
+    for world in (0, -1, "x", 2**70):
+        yield file_case(f"world-{str(world)[:6]}", doc_bytes(rank=0, world=world), expect="ok")
+    yield file_case("rank-in-name-huge", doc_bytes(rank=None), name=f"rank{'9' * 200}.json", expect="ok")
+    yield file_case("distributed-info-a-list", doc_bytes(rank=None, distributedInfo=[1, 2]), expect="ok")
+
+
+def _gzip_cases() -> Iterator[Case]:
+    gz = gzip.compress(doc_bytes())
+    for cut in (2, 10, len(gz) // 2, len(gz) - 8, len(gz) - 1):
+        yield file_case(f"gzip-cut-{cut}", gz[:cut], name="rank0.json.gz", expect="error")
+    flipped = bytearray(gz)
+    flipped[len(gz) // 2] ^= 0xFF
+    yield file_case("gzip-flipped-byte", bytes(flipped), name="rank0.json.gz", expect="error")
+    yield file_case("gzip-of-gzip", gzip.compress(gz), name="rank0.json.gz", expect="error", message="not a trace")
+    yield file_case("gzip-empty", gzip.compress(b""), name="rank0.json.gz", expect="error", message="empty")
+    yield file_case("gzip-two-members", gz + gzip.compress(b" "), name="rank0.json.gz", expect="ok")
+    yield file_case("gzip-trailing-garbage", gz + b"garbage!", name="rank0.json.gz", expect="either")
+    yield file_case("gzip-magic-only", b"\x1f\x8b", name="rank0.json.gz", expect="error")
+
+
+def _size_cases() -> Iterator[Case]:
+    ev = json.dumps(kernel()).encode()
+    many = 3 * SMALL_LIMIT
+    yield file_case("ws-between-events", b'{"traceEvents": [' + ev + b"," + b" " * many + ev + b"]}", expect="ok",
+                    small_limits=True)  # fmt: skip
+    yield file_case("newlines-between-events", b'{"traceEvents": [' + ev + b",\n" + b"\n\t" * many + ev + b"]}",
+                    expect="ok", small_limits=True)  # fmt: skip
+    yield file_case("ws-inside-event", b'{"traceEvents": [{"ph": "X",' + b" " * many + b'"ts": 1}]}', expect="error",
+                    message="no complete event", small_limits=True)  # fmt: skip
+    yield file_case("ws-before-document", b" " * many + doc_bytes(), expect="error", message="first",
+                    small_limits=True)  # fmt: skip
+    yield file_case("ws-before-key", b"{" + b" " * (SMALL_LIMIT // 2) + doc_bytes()[1:], expect="ok", small_limits=True)
+    yield file_case("ws-after-document", doc_bytes() + b" " * many, expect="error", message="after the event array",
+                    small_limits=True)  # fmt: skip
+    yield file_case("gzip-brackets", gz_repeat([(b"[", 4 * SMALL_LIMIT)]), name="rank0.json.gz", expect="error",
+                    message="no complete event", small_limits=True)  # fmt: skip
+    yield file_case("gzip-object-then-brackets", gz_repeat([(b'{"traceEvents": ', 1), (b"[", 4 * SMALL_LIMIT)]),
+                    name="rank0.json.gz", expect="error", message="no complete event", small_limits=True)  # fmt: skip
+    yield file_case("braces-header", b"{" * many, expect="error", small_limits=True)
+    yield file_case("long-string-event", b'{"traceEvents": [{"name": "' + b"x" * many + b'"}]}', expect="error",
+                    small_limits=True)  # fmt: skip
+    yield file_case("escaped-quotes-run", b'{"traceEvents": [{"name": "' + b'\\"' * many + b'"}]}', expect="error",
+                    small_limits=True)  # fmt: skip
+    yield file_case("backslash-run", b'{"traceEvents": [{"name": "' + b"\\\\" * 5000 + b'"}, ' + ev + b"]}",
+                    expect="ok", small_limits=True)  # fmt: skip
+    events = [kernel(ts=i, dur=1) for i in range(3000)]
+    yield file_case("many-events-small-chunks", doc_bytes(events), expect="ok", small_limits=True)
+    yield file_case("big-string-name", doc_bytes(good_events() + [kernel(name="k" * 200_000)]), expect="ok")
+
+
+def _special_file_cases() -> Iterator[Case]:
+    def fifo(folder: Path) -> Path:
+        os.mkfifo(folder / "rank0.json")
+        return folder / "rank0.json"
+
+    def fifo_in_folder(folder: Path) -> Path:
+        (folder / "rank1.json").write_bytes(doc_bytes(rank=1))
+        os.mkfifo(folder / "rank0.trace.json.gz")
+        return folder
+
+    def link(target: str | Path, name: str = "rank0.json") -> Callable[[Path], Path]:
+        def make(folder: Path) -> Path:
+            (folder / name).symlink_to(target if not isinstance(target, Path) else folder / target)
+            return folder / name
+
+        return make
+
+    def loop(folder: Path) -> Path:
+        (folder / "rank0.json").symlink_to(folder / "rank1.json")
+        (folder / "rank1.json").symlink_to(folder / "rank0.json")
+        return folder / "rank0.json"
+
+    def good_link(folder: Path) -> Path:
+        (folder / "real.json").write_bytes(doc_bytes())
+        (folder / "rank0.json").symlink_to(folder / "real.json")
+        return folder / "rank0.json"
+
+    def broken_in_folder(folder: Path) -> Path:
+        (folder / "rank1.json").write_bytes(doc_bytes(rank=1))
+        (folder / "rank0.json").symlink_to(folder / "gone.json")
+        return folder
+
+    def dev_in_folder(folder: Path) -> Path:
+        (folder / "rank1.json").write_bytes(doc_bytes(rank=1))
+        (folder / "rank0.json").symlink_to("/dev/zero")
+        return folder
+
+    def folder_link(folder: Path) -> Path:
+        (folder / "real").mkdir()
+        (folder / "real" / "rank0.json").write_bytes(doc_bytes())
+        (folder / "traces").symlink_to(folder / "real")
+        return folder / "traces"
+
+    yield Case("fifo-as-path", fifo, expect="error")
+    yield Case("fifo-in-folder", fifo_in_folder, expect="error", message="FIFO")
+    yield Case("dev-zero-as-path", lambda folder: Path("/dev/zero"), expect="error")
+    yield Case("link-broken", link(Path("gone.json")), expect="error")
+    yield Case("link-loop", loop, expect="error")
+    yield Case("link-to-dev-zero", link("/dev/zero"), expect="error")
+    yield Case("link-to-good-trace", good_link, expect="ok")
+    yield Case("link-broken-in-folder", broken_in_folder, expect="error", message="broken symbolic link")
+    yield Case("link-to-dev-in-folder", dev_in_folder, expect="error", message="character device")
+    yield Case("link-to-a-folder", folder_link, expect="ok")
+
+
+def _malformed_cases() -> Iterator[Case]:
+    ev = json.dumps(kernel()).encode()
+    data = {
+        "empty": (b"", "error"),
+        "blank": (b" \n\t ", "error"),
+        "null": (b"null", "error"),
+        "number": (b"42", "error"),
+        "empty-object": (b"{}", "error"),
+        "empty-bare-list": (b"[]", "ok"),
+        "empty-events": (b'{"traceEvents": []}', "ok"),
+        "bom": (b"\xef\xbb\xbf" + doc_bytes(), "ok"),
+        "utf16": (doc_bytes().decode().encode("utf-16"), "error"),
+        "nul-bytes": (b"\0" * 100, "error"),
+        "bad-utf8-in-name": (doc_bytes(good_events() + [kernel(name="__X__")]).replace(b"__X__", b"\xff\xfe"), "error"),
+        "events-not-objects": (b'{"traceEvents": [1, 2, 3]}', "error"),
+        "event-null": (b'{"traceEvents": [null]}', "error"),
+        "missing-comma": (b'{"traceEvents": [' + ev + ev + b"]}", "error"),
+        "double-comma": (b'{"traceEvents": [' + ev + b",," + ev + b"]}", "error"),
+        "trailing-comma": (b'{"traceEvents": [' + ev + b",]}", "either"),
+        "garbage-after": (doc_bytes() + b" trailing garbage", "error"),
+        "unclosed-object": (doc_bytes()[:-1], "error"),
+        "unclosed-array": (b'{"traceEvents": [' + ev, "error"),
+        "unclosed-string": (b'{"traceEvents": [{"name": "abc', "error"),
+        "closing-too-many": (b'{"traceEvents": [' + ev + b"]]]}", "error"),
+        "key-without-array": (b'{"traceEvents": ', "error"),
+        "bare-list-garbage": (b"[" + ev + b"] tail", "either"),
+        "escaped-in-strings": (doc_bytes(good_events() + [kernel(name='a\\"b}{][')]), "ok"),
+    }
+    for name, (content, expect) in data.items():
+        yield file_case(f"malformed-{name}", content, expect=expect)
+    types = {
+        "ph-number": {"ph": 5},
+        "ph-list": {"ph": []},
+        "name-list": {"name": ["x"]},
+        "ts-string": {"ts": "1"},
+        "dur-object": {"dur": {}},
+        "args-list": {"args": [1]},
+        "args-string": {"args": "x"},
+        "cat-number": {"cat": 7},
+        "pid-object": {"pid": {}},
+        "tid-list": {"tid": [1]},
+        "id-float": {"ph": "s", "cat": "ac2g", "id": 1.5},
+        "correlation-string": {"args": {"correlation": "7"}},
+        "stream-float": {"args": {"stream": 1.5}},
+        "collective-number": {"args": {"Collective name": 5}},
+        "bool-ts": {"ts": True},
+    }
+    for name, change in types.items():
+        yield file_case(f"type-{name}", doc_bytes(good_events() + [{**kernel(), **change}]), expect="either")
+
+
+def adversarial_cases() -> list[Case]:
+    """The whole corpus (built lazily by each case's `make`)."""
+    families = (_overflow_cases, _nesting_cases, _time_cases, _duplicate_cases, _rank_cases, _gzip_cases,
+                _size_cases, _special_file_cases, _malformed_cases)  # fmt: skip
+    return [case for family in families for case in family()]
+
+
+CASES = adversarial_cases()
+
+
+def test_the_corpus_is_large_and_its_ids_unique():
+    ids = [c.id for c in CASES]
+    assert len(ids) >= 100 and len(set(ids)) == len(ids)
+
+
+# ---- running it ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cli_works(tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether `analyze` runs at all on a good trace (the report layers may be mid-refactor)."""
+    path = tmp_path_factory.mktemp("good") / "rank0.json"
+    path.write_bytes(doc_bytes())
+    result = CliRunner().invoke(main, ["analyze", str(path), "--format", "json", "-j", "1"])
+    return result.exit_code == 0
+
+
+def analyze(path: Path, *extra: str) -> tuple[int, str, str, BaseException | None]:
+    result = CliRunner().invoke(main, ["analyze", str(path), "--format", "json", "-j", "1", *extra])
+    exc = result.exception if not isinstance(result.exception, SystemExit) else None
+    return result.exit_code, result.stdout, result.stderr, exc
+
+
+def _notes(stdout: str) -> list[str]:
+    report = json.loads(stdout)
+    return [note for rank in report["ranks"] for note in rank.get("notes", [])]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_adversarial_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_works: bool):
+    if case.small_limits:
+        for name, value in (("CHUNK", SMALL_CHUNK), ("TAIL", SMALL_CHUNK // 4), ("MAX_EVENT", SMALL_LIMIT),
+                            ("MAX_METADATA", SMALL_LIMIT)):  # fmt: skip
+            monkeypatch.setattr(jsonstream, name, value)
+    path = case.make(tmp_path)
+
+    # the reader alone: a model, or a UserError naming the file
+    files = sorted(p for p in path.iterdir() if not p.is_dir()) if path.is_dir() else [path]
+    read_notes: list[str] = []
+    refused: list[str] = []
+    for f in files:
+        try:
+            read_notes += load_trace(str(f)).notes
+        except UserError as exc:
+            assert "\n" not in str(exc) and str(f) in str(exc), str(exc)
+            refused.append(str(exc))
+    if case.expect == "ok":
+        assert not refused, refused
+        if case.note:
+            assert any(case.note in n for n in read_notes), read_notes
+    elif case.expect == "error":
+        assert refused, read_notes
+        if case.message:
+            assert any(case.message in r for r in refused), refused
+
+    if not cli_works:
+        pytest.skip("`overlapcheck analyze` does not run on a good trace right now: only the reader was checked")
+    code, stdout, stderr, exc = analyze(path)
+    assert exc is None, f"{type(exc).__name__}: {exc}"
+    assert "Traceback" not in stdout + stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("overlapcheck: error:")]
+    if case.expect == "ok":
+        assert code == 0 and not errors, stderr
+        if case.note:
+            assert any(case.note in n for n in _notes(stdout)), _notes(stdout)
+    elif case.expect == "error":
+        assert code == 2, stderr
+        assert len(errors) == 1, stderr
+        if case.message:
+            assert case.message in errors[0], errors[0]
+    else:
+        assert code in (0, 2) and (code == 0) == (not errors), (code, stderr)
+        if code == 2:
+            assert len(errors) == 1, stderr
+
+
+def test_one_bad_file_of_each_kind_and_the_good_ranks_are_still_reported(tmp_path: Path, cli_works: bool):
+    """A run folder where rank 0 is good, rank 1 is read with a note, and every other file is refused."""
+    (tmp_path / "rank0.json").write_bytes(doc_bytes(rank=0, world=8))
+    (tmp_path / "rank1.json").write_bytes(doc_bytes(good_events() + [kernel(correlation=2**64)], rank=1, world=8))
+    (tmp_path / "rank2.json.gz").write_bytes(gzip.compress(doc_bytes(rank=2, world=8))[:-20])
+    (tmp_path / "rank3.json").write_bytes(b'{"traceEvents": [' + nested(DEEP) + b"]}")
+    os.mkfifo(tmp_path / "rank4.json")
+    (tmp_path / "rank5.json").symlink_to(tmp_path / "gone.json")
+    (tmp_path / "rank6.json").symlink_to("/dev/zero")
+    (tmp_path / "rank7.json").write_bytes(b"[" * 1000)
+    (tmp_path / ".rank1.host.123.tmp.gz").write_bytes(b"a killed export: never read")
+    if not cli_works:
+        pytest.skip("`overlapcheck analyze` does not run on a good trace right now")
+    for jobs in ("1", "2"):
+        result = CliRunner().invoke(main, ["analyze", str(tmp_path), "--format", "json", "-j", jobs])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        report = json.loads(result.stdout)
+        assert [r["rank"] for r in report["ranks"]] == [0, 1]
+        assert any("out of range" in n for n in report["ranks"][1]["notes"])
+        errors = [line for line in result.stderr.splitlines() if line.startswith("overlapcheck: error:")]
+        named = sorted(os.path.basename(e.split(": ")[2]) for e in errors)
+        assert named == ["rank2.json.gz", "rank3.json", "rank4.json", "rank5.json", "rank6.json", "rank7.json"], errors
+
+
+def test_outputs_race_and_links(tmp_path: Path, cli_works: bool):
+    """`-o` is never clobbered without --force, never replaces a symlink, and a bad target is one line."""
+    if not cli_works:
+        pytest.skip("`overlapcheck analyze` does not run on a good trace right now")
+    trace = tmp_path / "rank0.json"
+    trace.write_bytes(doc_bytes())
+    out = tmp_path / "report.json"
+    code, _, stderr, exc = analyze(trace, "-o", str(out))
+    assert code == 0 and exc is None and out.exists()
+    first = out.read_bytes()
+    code, _, stderr, exc = analyze(trace, "-o", str(out))
+    assert code == 2 and exc is None and "already exists" in stderr and out.read_bytes() == first
+    real = tmp_path / "real.json"
+    real.write_text("keep")
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    code, _, stderr, exc = analyze(trace, "-o", str(link))
+    assert code == 2 and exc is None and "symbolic link" in stderr and real.read_text() == "keep"
+    code, _, stderr, exc = analyze(trace, "-o", str(link), "--force")
+    assert code == 0 and link.is_symlink() and json.loads(real.read_text())["schema"].startswith("overlapcheck.report")
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere.json")
+    code, _, stderr, exc = analyze(trace, "-o", str(tmp_path / "dangling.json"), "--force")
+    assert code == 2 and exc is None and "does not exist" in stderr and not (tmp_path / "nowhere.json").exists()
+    leftovers = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_the_parallel_reader_notes_the_same_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Values kept out by worker processes are counted there and noted once, as the plain reader notes them."""
+    from overlapcheck.trace.fastpath import load_parallel
+
+    events = []
+    for i in range(400):
+        events.append(kernel(ts=i * 100, dur=-1 if i % 50 == 0 else 10, correlation=2**64 if i % 7 == 0 else i))
+    events.append({**kernel(), "ts": 1e308, "dur": 1.7e308})
+    path = tmp_path / "rank0.json"
+    path.write_bytes(doc_bytes(events))
+    monkeypatch.setattr(jsonstream, "CHUNK", 4096)
+    monkeypatch.setattr(jsonstream, "TAIL", 1024)
+    plain, parallel = load_trace(str(path)), load_parallel(str(path), workers=2)
+    assert plain.notes == parallel.notes
+    assert any("gpu.correlation (58)" in n for n in plain.notes), plain.notes
+    assert any("8 events with a negative duration" in n for n in plain.notes), plain.notes
+    assert any("1 events with an infinite" in n for n in plain.notes), plain.notes
+    assert len(plain.gpu) == len(parallel.gpu) == 400
