@@ -219,7 +219,9 @@ def test_failing_job_exit_code_is_returned_and_traces_survive(tmp_path):
     assert code == 3, output[-3000:]
     run = _manifest(out)
     assert run["exit_code"] == 3 and run["status"] == "finished"
-    assert (out / "traces" / "rank0.pt.trace.json.gz").is_file() and (out / "traces" / "rank1.pt.trace.json.gz").is_file()
+    assert (out / "traces" / "rank0.pt.trace.json.gz").is_file() and (
+        out / "traces" / "rank1.pt.trace.json.gz"
+    ).is_file()
     assert [r["capture"]["status"] for r in run["ranks"]] == ["ok", "ok"]
 
 

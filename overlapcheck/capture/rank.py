@@ -211,7 +211,9 @@ class RankCapture:
                 complete=prof.complete,
             )
             if prof.state == "ok":
-                capture["trace"] = os.path.relpath(layout.trace_path(self.settings.out, ident["rank"]), self.settings.out)
+                capture["trace"] = os.path.relpath(
+                    layout.trace_path(self.settings.out, ident["rank"]), self.settings.out
+                )
         return {
             **ident,
             "driver": self.driver,
