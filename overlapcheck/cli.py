@@ -18,6 +18,7 @@ COMMANDS = {
     "run": "run",
     "gate": "gate",
     "baseline": "baseline",
+    "compare": "compare",
 }
 
 

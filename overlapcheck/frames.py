@@ -76,6 +76,7 @@ def _collectives(report: Report) -> Rows:
 
 _STEP = ["rank", "step", "start_us", "duration_us", "cpu_duration_us", "compute_us", "exposed_share"]
 _STEP += ["comm_count", "comm_time_us", "comm_overlapped_us", "comm_exposed_us", "overlap"]
+_STEP += ["period_start_us", "period_us"]
 
 
 def _steps(report: Report) -> Rows:
@@ -85,6 +86,7 @@ def _steps(report: Report) -> Rows:
             row = {k: getattr(s, k) for k in _STEP[1:7]}
             row.update(_split(s.collectives[ALL], "comm_"))
             row["overlap"] = row.pop("comm_overlap")
+            row.update(period_start_us=s.period_start_us, period_us=s.period_us)
             rows.append({"rank": r.rank, **row})
     return rows, _STEP
 

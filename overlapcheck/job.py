@@ -11,11 +11,58 @@ knows where each fact comes from:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from overlapcheck.errors import UserError
+
 SIMULATOR_JOB_KEY = "_overlapcheck_job"
 SIMULATOR_MODEL_KEY = "_overlapcheck_model"
+
+
+_NETWORK = re.compile(r"^(?:(\d+)\s*[x*]\s*)?(\d+(?:\.\d+)?)\s*(Gbps|Gb/s|GB/s|GBps|Tbps|Tb/s)$")
+
+
+@dataclass(frozen=True)
+class Network:
+    """The inter-node network of one node as the user states it (`--network 4x200Gbps`): links x rate."""
+
+    spec: str
+    links: int
+    link_gbps: float  # one link, GB/s (1e9 bytes/s) per direction
+
+    @property
+    def node_gbps(self) -> float:
+        return self.links * self.link_gbps
+
+    def per_gpu_gbps(self, gpus_per_node: int) -> float:
+        """The per-GPU share of the node's links: the peak an inter-node collective's busbw is compared with."""
+        return self.node_gbps / max(1, gpus_per_node)
+
+    def to_dict(self, gpus_per_node: int | None) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "links": self.links,
+            "link_gbps": self.link_gbps,
+            "node_gbps": self.node_gbps,
+            "gpus_per_node": gpus_per_node,
+            "per_gpu_gbps": self.per_gpu_gbps(gpus_per_node) if gpus_per_node else None,
+        }
+
+
+def parse_network(text: str) -> Network:
+    """`4x200Gbps`, `400Gbps`, `8x25GB/s`, `2x1.6Tbps` -> Network; UserError (one line) otherwise."""
+    m = _NETWORK.match(text.strip())
+    links = int(m.group(1)) if m and m.group(1) else 1
+    rate = float(m.group(2)) if m else 0.0
+    if m is None or links < 1 or rate <= 0:
+        raise UserError(
+            f"--network {text!r} is not a network like 4x200Gbps, 400Gbps or 8x25GB/s (links x rate per node)"
+        )
+    unit = m.group(3)
+    gbps = rate if unit in ("GB/s", "GBps") else rate / 8.0 * (1000.0 if unit in ("Tbps", "Tb/s") else 1.0)
+    return Network(text.strip(), links, gbps)
 
 
 @dataclass(frozen=True)
@@ -29,10 +76,15 @@ class JobContext:
     gpus_per_node: int | None = None
     env: dict[str, Any] | None = None  # the job's environment variables, when recorded
     deepspeed_version: str | None = None
+    network: Network | None = None  # `--network`: the node's inter-node links, as the user states them
 
     @classmethod
     def build(
-        cls, ds_config: dict[str, Any] | None, run: dict[str, Any] | None, model: dict[str, Any] | None = None
+        cls,
+        ds_config: dict[str, Any] | None,
+        run: dict[str, Any] | None,
+        model: dict[str, Any] | None = None,
+        network: Network | None = None,
     ) -> JobContext:
         """The context from the documents as read (any may be None or of the wrong shape)."""
         config = ds_config if isinstance(ds_config, dict) else None
@@ -58,6 +110,7 @@ class JobContext:
             gpus_per_node=per_node if isinstance(per_node, int) and not isinstance(per_node, bool) else None,
             env=env if isinstance(env, dict) else None,
             deepspeed_version=version if isinstance(version, str) else None,
+            network=network,
         )
 
 

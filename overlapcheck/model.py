@@ -87,7 +87,9 @@ class PhaseMetrics:
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """One `ProfilerStep#N` of one rank."""
+    """One `ProfilerStep#N` of one rank. Its activities are those it launched; its period is the stretch of the
+    rank's timeline it accounts for (from the end of the previous step's GPU work to the end of its own), and
+    the periods of a rank's steps tile its timeline without overlapping (docs/metrics.md)."""
 
     step: int
     start_us: float
@@ -99,6 +101,84 @@ class StepMetrics:
     memcpy: Copies
     memset: Copies
     phases: dict[str, PhaseMetrics] = field(default_factory=dict)
+    period_start_us: float | None = None  # None only in documents written before the field existed
+    period_us: float | None = None
+
+
+@dataclass(frozen=True)
+class OutsideSteps:
+    """The activities of a rank that belong to no profiled step (or, `before_first_step`, the part of them that
+    the previous, unprofiled iteration left running): counted in the rank's totals, in no step."""
+
+    count: int
+    busy_us: float
+    compute_us: float
+    collectives: Collectives
+    memcpy: Copies
+    memset: Copies
+
+
+@dataclass(frozen=True)
+class KindBandwidth:
+    """One collective kind's bytes and bandwidth on one rank (docs/metrics.md, Bandwidth): the kernels whose
+    message size is known, their group size, bytes per step, the median and spread of algbw and busbw (GB/s,
+    1e9 bytes/s, from each kernel's own duration, waiting included), whether the group stays inside a node, and
+    the peak it is compared with (None: no known peak, never a guess)."""
+
+    count: int
+    group_size: int | None
+    bytes_per_step: float
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    busbw_min_gbps: float | None
+    busbw_max_gbps: float | None
+    scope: str | None  # "intra-node", "inter-node", None when unknown
+    peak_gbps: float | None = None
+    peak: str | None = None  # what the peak is ("NVLink 3 (A100), per direction", "--network 4x200Gbps ...")
+    gpu: str | None = None  # the GPU model the trace names (deviceProperties), for the NVLink peak
+
+
+@dataclass(frozen=True)
+class PhaseHideability:
+    """Per step (mean over steps) on one phase of a ZeRO-3 step: the compute beside the phase's collectives, their
+    transfer time at the measured bandwidth, their exposed time, and its split into the floor (no schedule could
+    hide it at this bandwidth) and the schedulable rest (docs/metrics.md, Hideability)."""
+
+    compute_us: float
+    transfer_us: float
+    exposed_us: float
+    floor_us: float
+    schedulable_us: float
+
+
+@dataclass(frozen=True)
+class JobKindBandwidth:
+    """One collective kind across ranks: collectives matched on every rank, their transfer time (the shortest
+    duration across ranks) and the wait (the rest, per rank), per step; busbw at the transfer time (median and
+    spread over collectives)."""
+
+    collectives: int
+    bytes_per_step: float
+    transfer_us_per_step: float | None  # None: not matched across ranks (one rank)
+    wait_us_per_step: float | None
+    busbw_gbps: float | None
+    busbw_min_gbps: float | None
+    busbw_max_gbps: float | None
+    scope: str | None
+    peak_gbps: float | None = None
+    peak: str | None = None
+
+
+@dataclass(frozen=True)
+class JobBandwidth:
+    """The BANDWIDTH object: per kind across ranks, the hideability per phase (median over ranks), and the network
+    the user stated (`--network`), if any."""
+
+    kinds: dict[str, JobKindBandwidth]
+    hideability: dict[str, PhaseHideability]
+    floor_us: float
+    schedulable_us: float
+    network: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +203,9 @@ class RankMetrics:
     streams: list[StreamStats] = field(default_factory=list)
     steps: list[StepMetrics] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    before_first_step: OutsideSteps | None = None  # None: the trace has no steps (or an older document)
+    outside_steps: OutsideSteps | None = None
+    bandwidth: dict[str, KindBandwidth] = field(default_factory=dict)  # per collective kind with a known size
 
     def overlap(self, kind: str = ALL) -> float | None:
         return self.collectives[kind].overlap if kind in self.collectives else None
@@ -205,6 +288,8 @@ class CollectiveSignature:
     exposed: list[float]
     in_step: list[bool]
     steps: int
+    bytes: list[int] = field(default_factory=list)  # message bytes (nccl-tests size), -1 unknown; [] in old summaries
+    group: list[int] = field(default_factory=list)  # group size, -1 unknown
 
 
 @dataclass(frozen=True)
@@ -212,12 +297,54 @@ class TimelineLane:
     id: int
     label: str
     kind: str
+    stream: int | None = None  # the CUDA stream (GPU lanes), else None
+
+
+@dataclass(frozen=True)
+class TimelineStep:
+    """One selected `ProfilerStep#N` on a timeline: its GPU window `[start, end)` and CPU span, and per phase
+    (`forward`, `backward`, `optimizer`) the GPU span `[start, end]` of the activities it issued, all relative
+    to the timeline's t0."""
+
+    step: int
+    start: float
+    end: float
+    cpu_start: float
+    cpu_end: float
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    period_start: float | None = None  # the step's period (docs/metrics.md) `[period_start, period_end)`
+    period_end: float | None = None
+
+
+@dataclass(frozen=True)
+class Blame:
+    """A host-side event that a finding blames (a host sync, a compute-stream wait, a late launch), for the
+    timelines (in memory only, never written to JSON). Times are the trace's own clock (µs). `key` names the
+    finding on its rank (the rule and the evidence fields that tell its findings apart); `finding` is the index
+    of the merged finding in `Report.findings`, set when the Report is assembled (-1: none)."""
+
+    rule: str
+    key: str
+    kind: str  # "sync", "wait" or "late-launch"
+    start: float
+    end: float
+    thread: int  # the host thread's tid (a wait: the stream held), -1 when unknown
+    call: str  # the call (cudaStreamSynchronize, ...), or what a wait waited for
+    step: int | None
+    cost_us: float = 0.0
+    finding: int = -1
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """One step of one rank, lane by lane, for the HTML page (never written to JSON). `events` rows are
-    `[lane id, start − t0, duration, class, name index]`; `exposed` are `[start − t0, end − t0]` pairs."""
+    """The selected steps of one rank, lane by lane, for the HTML page and the Perfetto file (never written to
+    JSON). `events` rows are `[lane id, start − t0, duration, class, name index, step, nelems, nbytes]` (step -1
+    when none, sizes -1 when the trace has none), at most a bounded number per rank (communication and the
+    longest kernels first; `omitted` counts the rest); `exposed` are `[start − t0, end − t0]` pairs: the union of
+    communication minus the union of compute, whose lengths add up to the rank's `collectives.all.exposed_us`.
+    `step` is the step shown first (the one with the most exposed communication); `steps` are every selected
+    step; `host` the blamed host events; `anchors` the first collectives as `(key, absolute end)` pairs, for
+    aligning the clocks of ranks."""
 
     step: int | None
     t0: float
@@ -226,6 +353,10 @@ class Timeline:
     events: list[list[Any]]
     names: list[str]
     exposed: list[list[float]]
+    steps: list[TimelineStep] = field(default_factory=list)
+    host: list[Blame] = field(default_factory=list)
+    anchors: list[tuple[str, float]] = field(default_factory=list)
+    omitted: int = 0
 
 
 @dataclass(frozen=True)
@@ -237,6 +368,7 @@ class RankResult:
     findings: list[Finding] = field(default_factory=list)
     signature: CollectiveSignature | None = None
     timeline: Timeline | None = None
+    blames: list[Blame] = field(default_factory=list)  # what the findings blame (in memory, with timelines)
 
 
 @dataclass(frozen=True)
@@ -254,6 +386,7 @@ class Report:
     schema: str = SCHEMA
     collective_signatures: dict[str, CollectiveSignature] | None = field(default=None, metadata={"omit_none": True})
     timelines: dict[int, Timeline] = field(default_factory=dict, metadata={"json": False})
+    bandwidth: JobBandwidth | None = field(default=None, metadata={"omit_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (docs/report-schema.md); floats as computed (the JSON renderer rounds them)."""

@@ -229,6 +229,8 @@ def make_rank(
                 "memcpy": {"count": 2, "time_us": 40.0, "exposed_us": 10.0},
                 "memset": {"count": 1, "time_us": 5.0, "exposed_us": 0.0},
                 "phases": {},
+                "period_start_us": 1e6 + i * step_time / steps,  # the steps' periods tile the rank's timeline
+                "period_us": step_time / steps,
             }
         )
     return {
@@ -263,6 +265,22 @@ def make_rank(
         ],
         "steps": step_list,
         "notes": [],
+        "before_first_step": outside(),
+        "outside_steps": outside(),
+        "bandwidth": {},
+    }
+
+
+def outside(count: int = 0, comm_us: float = 0.0, overlap: float | None = None) -> dict:
+    """One OUTSIDE object (activities in no step): `count` activities, reduce-scatter of `comm_us`."""
+    coll = collectives(rs=(comm_us, overlap or 0.0))
+    return {
+        "count": count,
+        "busy_us": comm_us,
+        "compute_us": 0.0,
+        "collectives": coll,
+        "memcpy": {"count": 0, "time_us": 0.0, "exposed_us": 0.0},
+        "memset": {"count": 0, "time_us": 0.0, "exposed_us": 0.0},
     }
 
 

@@ -206,28 +206,196 @@ def collective_times(trace: Trace) -> dict[str, float]:
     return {kind: union_length(ivs) for kind, ivs in by_kind.items()}
 
 
-def kernels_per_step(trace: Trace) -> dict[int, tuple[int, int]]:
-    """{step number: (kernels, communication kernels)} by the ProfilerStep#N whose CPU span contains the kernel's
-    launch (runtime call with the same correlation id)."""
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "Runtime")
+FLOW_CATS = ("ac2g", "async_cpu_to_gpu", "async")
+STEP_CATS = ("user_annotation", "cpu_op", "Operator")
+GPU_CATS = {
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+}
+
+
+@dataclass
+class Activity:
+    """A GPU activity: class (`compute`, `comm`, `memcpy`, `memset`), interval, and the CPU time of its launch
+    (None when the trace holds neither its runtime call nor its flow)."""
+
+    cls: str
+    start: float
+    end: float
+    launch: float | None
+
+
+def profiler_steps(trace: Trace) -> list[tuple[float, float, int]]:
+    """(start, end, number) of each `ProfilerStep#N` CPU annotation, by start."""
     steps = []
     for e in trace.events:
         m = re.fullmatch(r"ProfilerStep#(\d+)", str(e.get("name", "")))
-        if m and e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op", "Operator"):
+        if m and e.get("ph") == "X" and e.get("cat") in STEP_CATS:
             steps.append((e["ts"], e["ts"] + (e.get("dur") or 0), int(m.group(1))))
-    launches = {}
+    return sorted(steps)
+
+
+def gpu_activities(trace: Trace) -> list[Activity]:
+    """Every kernel, memcpy and memset, with its launch: the runtime call with the same correlation id, else the
+    flow start (`ac2g`, `async_cpu_to_gpu`, torch 1.8 `async`) whose id is that correlation id."""
+    runtime: dict[Any, float] = {}
+    flows: dict[Any, float] = {}
     for e in trace.events:
+        if e.get("cat") in RUNTIME_CATS and e.get("ph") == "X":
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                runtime.setdefault(corr, e["ts"])
+        elif e.get("ph") == "s" and e.get("cat") in FLOW_CATS and e.get("id") is not None:
+            flows.setdefault(e["id"], e["ts"])
+    out = []
+    for e in trace.events:
+        kind = GPU_CATS.get(e.get("cat"))
+        if e.get("ph") != "X" or kind is None or e.get("ts") is None:
+            continue
+        if kind == "kernel":
+            kind = "comm" if ours_is_comm(e.get("name", "")) else "compute"
         corr = (e.get("args") or {}).get("correlation")
-        if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime") and corr is not None:
-            launches.setdefault(corr, e["ts"])
-    out: dict[int, tuple[int, int]] = {}
-    for k in trace.kernels():
-        t = launches.get(k.args.get("correlation"), k.start)
-        for start, end, number in steps:
-            if start <= t < end:
-                n, c = out.get(number, (0, 0))
-                out[number] = (n + 1, c + ours_is_comm(k.name))
-                break
+        launch = runtime.get(corr, flows.get(corr)) if corr is not None and corr != -1 else None
+        out.append(Activity(kind, e["ts"], e["ts"] + max(e.get("dur") or 0, 0), launch))
     return out
+
+
+def step_of(steps: list[tuple[float, float, int]], t: float | None) -> int | None:
+    """The step whose CPU span [start, end) holds time t; None for no time or no such step."""
+    if t is None:
+        return None
+    for start, end, number in steps:
+        if start <= t < end:
+            return number
+    return None
+
+
+def kernels_per_step(trace: Trace) -> dict[int, tuple[int, int]]:
+    """{step number: (kernels, communication kernels)} by the ProfilerStep#N whose CPU span contains the kernel's
+    launch (runtime call with the same correlation id, else its flow); a kernel without a launch in the trace is
+    in no step."""
+    steps = profiler_steps(trace)
+    out: dict[int, tuple[int, int]] = {}
+    for a in gpu_activities(trace):
+        number = step_of(steps, a.launch)
+        if a.cls in ("compute", "comm") and number is not None:
+            n, c = out.get(number, (0, 0))
+            out[number] = (n + 1, c + (a.cls == "comm"))
+    return out
+
+
+@dataclass
+class Part:
+    """The measures of a set of GPU activities (a step, or the activities of no step)."""
+
+    count: int = 0  # activities
+    comm_count: int = 0
+    comm_us: float = 0.0  # |C|
+    overlapped_us: float = 0.0  # |C ∩ P|, P = all compute of the rank
+    compute_us: float = 0.0  # |own compute|
+    memcpy_count: int = 0
+    memcpy_us: float = 0.0
+
+    @property
+    def exposed_us(self) -> float:
+        return self.comm_us - self.overlapped_us
+
+
+@dataclass
+class StepRef:
+    number: int
+    cpu_start: float
+    cpu_duration: float
+    start: float  # first start of its own activity (the CPU start without activity)
+    duration: float  # last end - first start of its own activity (the CPU duration without activity)
+    period_start: float
+    period: float
+    part: Part
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.part.exposed_us / self.period if self.period > 0 and self.part.comm_count else None
+
+
+@dataclass
+class StepsRef:
+    steps: list[StepRef]
+    step_time_us: float
+    exposed_share: float | None
+    span_us: float
+    before_first_step: Part
+    outside_steps: Part
+
+
+def _part(acts: list[Activity], compute_all: list[Interval]) -> Part:
+    comm = [(a.start, a.end) for a in acts if a.cls == "comm"]
+    comm_us, both = overlap_length(comm, compute_all)
+    copies = [(a.start, a.end) for a in acts if a.cls == "memcpy"]
+    return Part(
+        count=len(acts),
+        comm_count=len(comm),
+        comm_us=comm_us,
+        overlapped_us=both,
+        compute_us=union_length((a.start, a.end) for a in acts if a.cls == "compute"),
+        memcpy_count=len(copies),
+        memcpy_us=union_length(copies),
+    )
+
+
+def step_reference(trace: Trace) -> StepsRef:
+    """docs/metrics.md "Per step", restated: activities by the step that launched them; each step's period from
+    the end of the GPU work of it and every earlier step (the first step with activity: from its first kernel);
+    the activities of no step, and those of them launched before the first step or without a launch in the
+    trace."""
+    steps = profiler_steps(trace)
+    acts = gpu_activities(trace)
+    compute_all = [(a.start, a.end) for a in acts if a.cls == "compute"]
+    own: dict[int, list[Activity]] = {number: [] for _, _, number in steps}
+    outside, before = [], []
+    first_cpu = steps[0][0] if steps else None
+    for a in acts:
+        number = step_of(steps, a.launch)
+        if number is not None:
+            own[number].append(a)
+        else:
+            outside.append(a)
+            if a.launch is None or (first_cpu is not None and a.launch < first_cpu):
+                before.append(a)
+    active = [own[n] for _, _, n in steps if own[n]]
+    out = []
+    if active:
+        kernels = [a.start for a in active[0] if a.cls in ("compute", "comm")]
+        end = min(kernels) if kernels else min(a.start for a in active[0])
+    for cpu_start, cpu_end, number in steps:
+        mine = own[number]
+        start = min((a.start for a in mine), default=cpu_start)
+        duration = max(a.end for a in mine) - start if mine else cpu_end - cpu_start
+        if active:
+            period_start = end
+            end = max([end] + [a.end for a in mine])
+            period = end - period_start
+        else:
+            period_start, period = cpu_start, cpu_end - cpu_start
+        part = _part(mine, compute_all)
+        out.append(StepRef(number, cpu_start, cpu_end - cpu_start, start, duration, period_start, period, part))
+    everything = [(a.start, a.end) for a in acts]
+    span = max(e for _, e in everything) - min(s for s, _ in everything) if everything else 0.0
+    step_time = sum(s.period for s in out) if out else span
+    exposed = sum(s.part.exposed_us for s in out)
+    has_comm = any(a.cls == "comm" for a in acts)
+    return StepsRef(
+        steps=out,
+        step_time_us=step_time,
+        exposed_share=exposed / step_time if out and step_time > 0 and has_comm else None,
+        span_us=span,
+        before_first_step=_part(before, compute_all),
+        outside_steps=_part(outside, compute_all),
+    )
 
 
 # ---- the MANIFEST table -------------------------------------------------------------------------------------

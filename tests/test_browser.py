@@ -261,3 +261,86 @@ def _full_page_screenshot(driver, name: str) -> None:
     driver.execute_script("window.scrollTo({top: 0, behavior: 'instant'})")
     driver.save_screenshot(str(_artifact(name)))
     driver.set_window_size(1400, 1000)
+
+
+def test_rank_and_step_pickers_and_host_lane(driver, tmp_path):
+    """A real analysis (timelines of every step): pick a rank and a step, hover a blamed host event, click it to
+    open its finding; hover a collective for its stream and size."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    import overlapcheck
+
+    samples = Path(__file__).resolve().parent.parent / "sample_traces" / "seed-5201"
+    report = overlapcheck.analyze(samples, timelines=True, jobs=1, ranks=[0, 1, 2, 3])
+    path = tmp_path / "pickers.html"
+    path.write_text(HtmlRenderer(perfetto="trace.json.gz").render(report), encoding="utf-8")
+    open_page(driver, path)
+
+    step_options = driver.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('#oc-tl-step option'), function (o) {"
+        " return o.value; });"
+    )
+    assert step_options == ["5", "6"]
+    driver.execute_script(
+        "var s = document.getElementById('oc-tl-rank'); s.value = '1'; s.dispatchEvent(new Event('change'));"
+    )
+    driver.execute_script(
+        "var s = document.getElementById('oc-tl-step'); s.value = '6'; s.dispatchEvent(new Event('change'));"
+    )
+    assert driver.find_element(By.ID, "oc-tl-info").text.startswith("rank 1 · step 6")
+
+    canvas = driver.find_element(By.ID, "oc-tl-canvas")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center', behavior: 'instant'})", canvas)
+    width, height = driver.execute_script(
+        "var r = arguments[0].getBoundingClientRect(); return [r.width, r.height];", canvas
+    )
+    data = json.loads(
+        driver.execute_script("return document.querySelector('script.oc-timeline[data-rank=\"1\"]').textContent")
+    )
+    step = next(s for s in data["steps"] if s["step"] == 6)
+    pad = (step["end"] - step["start"]) * 0.01
+    v0, v1 = step["start"] - pad, step["end"] + pad
+
+    def point(t: float, row: int) -> tuple[int, int]:
+        x = 150 + (t - v0) / (v1 - v0) * (width - 150 - 6)
+        return int(x - width / 2), int(26 + 26 * row + 13 - height / 2)
+
+    def hover(t: float, row: int):
+        ActionChains(driver).move_to_element_with_offset(canvas, *point(t, row)).perform()
+        tip = driver.find_element(By.ID, "oc-tooltip")
+        assert tip.get_attribute("hidden") is None
+        return tip.get_attribute("textContent")  # the tooltip may sit below the canvas's visible box
+
+    # the host lane (under the GPU lanes): the longest blamed event of the step
+    host = data["host"]
+    k = max(
+        (i for i in range(len(host["s"])) if step["start"] <= host["s"][i] < step["end"]), key=lambda i: host["d"][i]
+    )
+    text = hover(host["s"][k] + host["d"][k] / 2, len(data["lanes"]) + 1)
+    assert f"finding {host['f'][k] + 1}: " in text and host["title"][k] in text
+    driver.find_element(By.ID, "timeline").screenshot(str(_artifact("report-timeline-host-lane.png")))
+    ActionChains(driver).move_to_element_with_offset(
+        canvas, *point(host["s"][k] + host["d"][k] / 2, len(data["lanes"]) + 1)
+    ).click().perform()
+    assert driver.execute_script("return location.hash") == f"#finding-{host['f'][k]}"
+
+    # a collective: duration, start, stream and size in the tooltip
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center', behavior: 'instant'})", canvas)
+    sized = [
+        (lane["d"][i], n, i)
+        for n, lane in enumerate(data["lanes"])
+        for i in range(len(lane["s"]))
+        if step["start"] <= lane["s"][i] < step["end"] and (lane["b"][i] >= 0 or lane["e"][i] >= 0)
+    ]
+    _, lane_no, j = max(sized)
+    lane = data["lanes"][lane_no]
+    text = hover(lane["s"][j] + lane["d"][j] / 2, lane_no + 1)
+    assert f"stream {lane['stream']}" in text and "duration" in text and "into step 6" in text
+    assert "size " in text
+    # each finding links to the Perfetto file written beside the page
+    links = driver.find_elements(By.CSS_SELECTOR, "article.finding a.perfetto")
+    assert links and all(a.get_attribute("href").endswith("/trace.json.gz") for a in links)
+    assert driver.execute_script("return window.__dialogs") == []
+    assert console_errors(driver) == []
+    _full_page_screenshot(driver, "report-pickers.png")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from builders import kernel, run_cli, step, write_trace
+from builders import kernel, launch, run_cli, step, write_trace
 
 from overlapcheck.model import COLLECTIVE_KEYS
 
@@ -28,6 +28,8 @@ RANK_KEYS = {
     "streams",
     "steps",
     "notes",
+    "before_first_step",
+    "outside_steps",
 }
 STEP_KEYS = {
     "step",
@@ -39,6 +41,8 @@ STEP_KEYS = {
     "collectives",
     "memcpy",
     "memset",
+    "period_start_us",
+    "period_us",
 }
 
 
@@ -49,6 +53,8 @@ def make_set(tmp_path):
             f"rank{rank}.trace.json.gz",
             [
                 step(7, 0, 100),
+                launch(0, corr=1, dur=0.5),  # a kernel belongs to the step whose span holds its launch
+                launch(0.5, corr=2, dur=0.5),
                 kernel("sm90_xmma_gemm_bf16", 0, 10, corr=1),
                 kernel("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 5, 10, stream=20, corr=2),
             ],
@@ -86,7 +92,7 @@ def test_text_report(tmp_path):
     for column in ("kernels/step", "worst overlap (rank)", "exposed ms/step", "total ms/step"):
         assert column in out
     assert "Per rank, lowest overlap first" in out
-    for column in ("exposed % of step", "step ms", "idle ms total"):
+    for column in ("exposed % of step", "step ms/step", "idle ms total"):
         assert column in out
 
 

@@ -181,11 +181,21 @@ def test_baseline_default_tolerance_is_10_percent():
     base = make_report(2, overlaps=[0.8, 0.8])
     slightly = make_report(2, overlaps=[0.79, 0.79])  # exposed 20 % -> 21 %: +5 %
     checks = run_checks(slightly, GateConfig(ignore_below_us=0), baseline=base)
-    assert [c.id for c in checks] == ["inputs", "exposed-regression.all", "overlap-drop.all"]
+    # every collective kind of the baseline is checked by default, not only `all`
+    assert [c.id for c in checks] == [
+        "inputs",
+        "exposed-regression.all",
+        "exposed-regression.reduce_scatter",
+        "exposed-regression.all_gather",
+        "overlap-drop.all",
+        "overlap-drop.reduce_scatter",
+        "overlap-drop.all_gather",
+    ]
     assert exit_code(checks) == 0
-    assert (
-        exit_code(run_checks(make_report(2, overlaps=[0.77, 0.77]), GateConfig(ignore_below_us=0), baseline=base)) == 1
-    )  # +15 %
+    worse = by_id(run_checks(make_report(2, overlaps=[0.77, 0.77]), GateConfig(ignore_below_us=0), baseline=base))
+    assert not worse["exposed-regression.all"].passed  # +15 %
+    assert not worse["exposed-regression.all_gather"].passed  # +30 %
+    assert worse["exposed-regression.reduce_scatter"].passed  # +8.6 %
 
 
 def test_noise_floor_absorbs_small_absolute_regressions():

@@ -78,7 +78,8 @@ def test_baseline_unchanged_passes(write):
     base = write("base.json", report_doc(4))
     result = gate(base, "--baseline", base)
     assert result.exit_code == 0
-    assert "gate: PASS (3 checks)" in result.output  # inputs, exposed regression, overlap drop
+    # inputs, then exposed regression and overlap drop of all, reduce-scatter and all-gather
+    assert "gate: PASS (7 checks)" in result.output
 
 
 def test_overlap_drop_exit_1(write):

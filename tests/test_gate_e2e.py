@@ -41,5 +41,11 @@ def test_config_regression_fails(baseline, tmp_path):
     junit = tmp_path / "gate.xml"
     result = gate(worse, "--baseline", baseline, "--junit", str(junit))
     assert result.exit_code == 1, result.output
-    assert "gate: FAIL (2 of 3 checks failed)" in result.output
-    assert junit.read_text().count("<failure") == 2
+    # every kind of the baseline is checked: inputs + (all, reduce-scatter, all-gather, all-reduce) x 2; the
+    # deferred reduce-scatter fails both of its own checks and both of `all`, all-gather and all-reduce pass
+    assert "gate: FAIL (4 of 9 checks failed)" in result.output
+    xml = junit.read_text()
+    assert xml.count("<failure") == 4
+    for check in ("exposed-regression.all", "overlap-drop.all", "exposed-regression.reduce_scatter"):
+        assert f'name="{check}">\n      <failure' in xml, check
+    assert 'name="overlap-drop.reduce_scatter">\n      <failure' in xml

@@ -104,11 +104,12 @@ def test_page_has_every_section_and_the_numbers():
     text = page.visible()
     assert "86.5%" in text  # median overlap of 0.9, 0.85, 0.6, 0.88
     assert "rank 2" in text and "60.0% hidden" in text  # worst rank
-    assert "Reduce-scatter runs after the last backward kernel" in text and "4.2 ms / step" in text
+    # costs per step in the terminal's format: ms with two decimals, "ms/step"
+    assert "Reduce-scatter runs after the last backward kernel" in text and "4.20 ms/step" in text
     rows = [a for t, a in page.tags if t == "tr" and a.get("class") == "worst"]
     assert len(rows) == 1
     # the stragglers are the report's straggler findings, with their cost per step and ranks
-    assert "Stragglers" in text and "Rank 3 arrives last at the collectives : 1.5 ms / step (rank 3)" in text
+    assert "Stragglers" in text and "Rank 3 arrives last at the collectives : 1.50 ms/step (rank 3)" in text
     # rank 3 computes 95 ms vs 80 ms: its step (100.6 ms) is 18.4 % longer than rank 0's (85 ms)
     assert "The slowest rank's step is 18.4% longer than the fastest's" in text
     options = [a["value"] for t, a in page.tags if t == "option"]

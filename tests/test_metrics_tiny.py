@@ -102,8 +102,13 @@ def test_kernel_belongs_to_the_step_that_launched_it(tmp_path):
     assert s1.compute_us == 6 and s2.compute_us == 4
     assert s2.memcpy == Copies(count=1, time_us=2.0, exposed_us=2.0)
     assert s2.duration_us == 23 - 14
-    assert r.step_time_us == 17 + 9
-    assert r.exposed_share == pytest.approx(4 / 26)
+    # the GPU windows [3, 20) and [14, 23) overlap; the periods tile the timeline: step 1 from its first kernel
+    # to the end of its work [3, 20), step 2 from there to the end of its own [20, 23)
+    assert (s1.period_start_us, s1.period_us) == (3, 17) and (s2.period_start_us, s2.period_us) == (20, 3)
+    assert r.step_time_us == 17 + 3 == r.span_us
+    assert r.exposed_share == pytest.approx(4 / 20)
+    assert s1.exposed_share == pytest.approx(4 / 17) and s2.exposed_share is None  # step 2 has no communication
+    assert r.outside_steps is not None and r.outside_steps.count == 0
 
 
 def test_memcpy_is_neither_compute_nor_comm_and_its_exposed_time_is_reported(tmp_path):
@@ -259,3 +264,123 @@ def test_phases_split_a_step_at_its_backward_window(tmp_path):
     assert phases["backward"].compute_us == 20
     assert phases["optimizer"].collectives["reduce_scatter"].exposed_us == 10
     assert r.steps[0].collectives["reduce_scatter"].count == 2
+
+
+def test_kernels_left_running_by_the_previous_iteration_belong_to_no_step(tmp_path):
+    # step 1 [0, 20), step 2 [20, 40), step 3 [41, 50) on the CPU; the trace starts inside the last unprofiled
+    # iteration: a GEMM [0.5, 3) and a reduce-scatter [10, 16) run whose launches are not in the trace
+    events = [
+        step(1, 0, 20),
+        step(2, 20, 20),
+        step(3, 41, 9),
+        kernel(GEMM, 0.5, 2.5, corr=90),  # no launch in the trace
+        kernel(RS_OLD, 10, 6, stream=20, corr=91),  # no launch in the trace
+        launch(2, corr=1),
+        kernel(GEMM, 3, 10, corr=1),  # step 1's compute [3, 13)
+        launch(4, corr=2),
+        kernel(AG_NEW, 5, 4, stream=21, corr=2),  # step 1's all-gather [5, 9), hidden
+        launch(21, corr=3),
+        kernel(GEMM, 22, 8, corr=3),  # step 2 [22, 30)
+        launch(23, corr=4),
+        kernel(RS_OLD, 30, 6, stream=20, corr=4),  # step 2's reduce-scatter [30, 36), exposed
+        launch(40.5, corr=5),
+        kernel(GEMM, 41, 2, corr=5),  # launched between steps 2 and 3: in no step, not before the first
+        launch(42, corr=6),
+        kernel(GEMM, 44, 2, corr=6),  # step 3 [44, 46)
+    ]
+    r = rank_of(tmp_path, events)
+    s1, s2, s3 = r.steps
+    # step 1 has its own all-gather only (assigned by the kernel's own start, the tail's two kernels were in it)
+    assert s1.collectives["all"].count == 1 and s1.collectives["all"].exposed_us == 0
+    assert s1.compute_us == 10 and (s1.start_us, s1.duration_us) == (3, 10)
+    assert (s1.period_start_us, s1.period_us) == (3, 10) and s1.exposed_share == 0
+    assert s2.collectives["reduce_scatter"] == Split(
+        count=1, time_us=6.0, overlapped_us=0.0, exposed_us=6.0, overlap=0.0
+    )
+    assert (s2.period_start_us, s2.period_us) == (13, 23) and s2.exposed_share == pytest.approx(6 / 23)
+    assert (s3.period_start_us, s3.period_us) == (36, 10) and s3.exposed_share is None
+    # apart: the tail (2 activities, its reduce-scatter [10, 16) is hidden by [0.5, 13) for 3 µs) ...
+    before = r.before_first_step
+    assert before is not None and before.count == 2 and before.compute_us == 2.5 and before.busy_us == 8.5
+    assert before.collectives["reduce_scatter"] == Split(
+        count=1, time_us=6.0, overlapped_us=3.0, exposed_us=3.0, overlap=0.5
+    )
+    # ... and everything in no step: the tail and the GEMM launched between steps
+    outside = r.outside_steps
+    assert outside is not None and outside.count == 3 and outside.compute_us == 4.5
+    assert outside.collectives["all"].count == 1
+    # the whole rank keeps them all
+    assert r.collectives["all"].count == 3 and r.collectives["all"].exposed_us == 3 + 6
+    assert r.compute_us == (13 - 0.5) + 8 + 2 + 2
+    assert r.step_time_us == 10 + 23 + 10 and r.span_us == 46 - 0.5
+    assert r.exposed_share == pytest.approx(6 / 43)
+
+
+def test_an_early_copy_on_a_side_stream_does_not_stretch_the_step(tmp_path):
+    # the host runs ahead: step 2 issues the next batch's host-to-device copy, which runs at once on stream 9
+    # [12, 14) while step 1's GEMM [2, 20) still runs; step 2's own GEMM waits for it on stream 7
+    events = [
+        step(1, 0, 10),
+        step(2, 10, 10),
+        launch(1, corr=1),
+        kernel(GEMM, 2, 18, corr=1),
+        launch(11, corr=2),
+        memcpy(12, 2, stream=9, corr=2),
+        launch(12, corr=3),
+        kernel(GEMM, 20, 10, corr=3),
+        launch(13, corr=4),
+        kernel(RS_OLD, 30, 5, stream=20, corr=4),  # exposed
+    ]
+    r = rank_of(tmp_path, events)
+    s1, s2 = r.steps
+    # the GPU windows overlap ([2, 20) and [12, 35), 18 + 23 = 41 µs of a 33 µs trace); the periods do not
+    assert (s1.start_us, s1.duration_us) == (2, 18) and (s2.start_us, s2.duration_us) == (12, 23)
+    assert (s1.period_start_us, s1.period_us) == (2, 18) and (s2.period_start_us, s2.period_us) == (20, 15)
+    assert r.step_time_us == 33 == r.span_us
+    assert s2.exposed_share == pytest.approx(5 / 15)  # over the period, not over the window (5 / 23)
+    assert r.exposed_share == pytest.approx(5 / 33)
+    assert s2.memcpy == Copies(count=1, time_us=2.0, exposed_us=0.0)  # beside step 1's GEMM
+    assert r.before_first_step is not None and r.before_first_step.count == 0
+
+
+def test_steps_without_gpu_activity_have_empty_periods(tmp_path):
+    # step 2 launches nothing: its period is empty, at the end of step 1's work; step 3 continues from there
+    events = [
+        step(1, 0, 10),
+        step(2, 10, 10),
+        step(3, 20, 10),
+        launch(1, corr=1),
+        kernel(GEMM, 2, 10, corr=1),
+        launch(21, corr=2),
+        kernel(RS_OLD, 22, 4, stream=20, corr=2),
+    ]
+    r = rank_of(tmp_path, events)
+    s1, s2, s3 = r.steps
+    assert (s2.period_start_us, s2.period_us) == (12, 0) and s2.duration_us == 10  # the CPU annotation's
+    assert (s3.period_start_us, s3.period_us) == (12, 14) and s3.exposed_share == pytest.approx(4 / 14)
+    assert r.step_time_us == 10 + 0 + 14
+
+
+def test_without_any_launch_in_the_trace_no_activity_is_in_a_step(tmp_path):
+    r = rank_of(tmp_path, [step(1, 0, 10), kernel(GEMM, 1, 4), kernel(RS_OLD, 2, 4, stream=20)])
+    (s1,) = r.steps
+    assert s1.collectives["all"].count == 0 and (s1.period_start_us, s1.period_us) == (0, 10)
+    assert r.before_first_step is not None and r.before_first_step.count == 2
+    assert r.collectives["all"].count == 1 and r.collectives["all"].exposed_us == 1
+    assert any("none can be attributed to a step" in n for n in r.notes)
+
+
+def test_older_documents_without_periods_still_load():
+    from builders import report_doc
+
+    from overlapcheck.model import Report
+
+    doc = report_doc(2)
+    for rank in doc["ranks"]:  # a document written before these fields existed
+        del rank["before_first_step"], rank["outside_steps"]
+        for s in rank["steps"]:
+            del s["period_start_us"], s["period_us"]
+    report = Report.from_dict(doc)
+    assert report.ranks[0].before_first_step is None and report.ranks[0].steps[0].period_us is None
+    again = Report.from_dict(report.to_dict())
+    assert again == report

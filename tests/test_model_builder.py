@@ -65,7 +65,7 @@ class PlainBuilder(ModelBuilder):
         else:
             cls, coll = C.COMPUTE, C.NO_COLLECTIVE
         if a is None:
-            return (ts, end, _stream_of(a, tid), -1, -1, cls, coll, self.intern(name), -1, -1, -1, -1)
+            return (ts, end, _stream_of(a, tid), -1, -1, cls, coll, self.intern(name), -1, -1, -1, -1, -1, -1)
         pg_value = a.pg_name if a.pg_name is not None else a.pg_id
         pg = self.intern(str(pg_value)) if pg_value is not None else -1  # interned before dtype, then name
         n = a.in_nelems if a.in_nelems is not None else a.in_size
@@ -84,6 +84,8 @@ class PlainBuilder(ModelBuilder):
             -1 if n is None else n,
             dtype,
             -1 if a.nbytes is None else a.nbytes,
+            a.out_nelems if a.out_nelems is not None else (-1 if a.out_size is None else a.out_size),
+            a.group_size if isinstance(a.group_size, int) else -1,
         )
 
 

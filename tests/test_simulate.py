@@ -238,10 +238,16 @@ def test_truth_is_consistent(sets: dict[str, Path], name: str) -> None:
         _check_split(rank["collectives"])
         assert rank["idle_us"] == pytest.approx(rank["span_us"] - rank["busy_us"], abs=1e-3)
         assert rank["compute_us"] <= rank["busy_us"] + 1e-3 <= rank["span_us"] + 2e-3
-        assert rank["step_time_us"] == pytest.approx(sum(s["duration_us"] for s in rank["steps"]), abs=1e-3)
+        # step time: the steps' periods, which follow each other and never add up to more than the span
+        steps = rank["steps"]
+        assert rank["step_time_us"] == pytest.approx(sum(s["period_us"] for s in steps), abs=1e-3)
+        for a, b in zip(steps, steps[1:], strict=False):
+            assert b["period_start_us"] == pytest.approx(a["period_start_us"] + a["period_us"], abs=1e-3)
+        assert rank["step_time_us"] <= rank["span_us"] + 1e-3
         assert rank["exposed_share"] == pytest.approx(
-            rank["collectives"]["all"]["exposed_us"] / rank["step_time_us"], rel=1e-6
+            sum(s["collectives"]["all"]["exposed_us"] for s in steps) / rank["step_time_us"], rel=1e-6
         )
+        assert rank["outside_steps"]["count"] == rank["before_first_step"]["count"] == 0  # all launched in steps
         for copy in (rank["memcpy"], rank["memset"]):
             assert 0 <= copy["exposed_us"] <= copy["time_us"] + 1e-6
         assert rank["memcpy"]["count"] > 0 and rank["memset"]["count"] == len(rank["steps"])

@@ -18,7 +18,15 @@ SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 TOL_US = 1.0
 TOL_RATIO = 1e-6
 RANK_KEYS = ("span_us", "busy_us", "compute_us", "idle_us", "step_time_us", "exposed_share")
-STEP_KEYS = ("start_us", "duration_us", "cpu_duration_us", "compute_us", "exposed_share")
+STEP_KEYS = (
+    "start_us",
+    "duration_us",
+    "cpu_duration_us",
+    "compute_us",
+    "exposed_share",
+    "period_start_us",
+    "period_us",
+)
 
 
 def _close(path: str, want: Any, got: Any, out: list[str]) -> None:
@@ -60,6 +68,11 @@ def compare(truth: dict[str, Any], report: dict[str, Any]) -> list[str]:
             _close(f"{p}.{key}", want[key], got.get(key), out)
         for key in ("collectives", "memcpy", "memset"):
             _fields(f"{p}.{key}", want[key], got.get(key), out)
+        for key in ("before_first_step", "outside_steps"):  # activities in no step (none in simulated traces)
+            if want.get(key) is None or got.get(key) is None:
+                _close(f"{p}.{key}", want.get(key), got.get(key), out)
+            else:
+                _fields(f"{p}.{key}", want[key], got[key], out)
         got_steps = {s["step"]: s for s in got["steps"]}
         if sorted(got_steps) != [s["step"] for s in want["steps"]]:
             out.append(f"{p}.steps: truth {[s['step'] for s in want['steps']]} analyzer {sorted(got_steps)}")

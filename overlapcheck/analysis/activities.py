@@ -7,6 +7,7 @@ on (CUDA stream, or CPU thread) and the profiler step that issued it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ class Activities:
     lanes: str  # "gpu" or "cpu"
     notes: list[str] = field(default_factory=list)
     phase: np.ndarray | None = None  # index into PHASES, -1 when none (set by activities_of)
+    issued: np.ndarray | None = None  # CPU time the activity was issued, NaN when not in the trace (activities_of)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -40,7 +42,8 @@ def activities_of(model: TraceModel) -> Activities:
     """GPU activity when the trace has any; else the gloo CPU lanes; else nothing."""
     if len(model.gpu):
         g = model.gpu
-        launch = launch_times(model)
+        launch, known = issue_times(model)
+        launch = np.where(known, launch, np.nan)  # a launch that is not in the trace is in no step
         acts = Activities(g.start, g.end, g.cls, g.coll, g.stream, step_of(model, launch), "gpu")
     elif gloo := gloo_threads(model):
         acts = cpu_activities(model, gloo)
@@ -58,6 +61,7 @@ def activities_of(model: TraceModel) -> Activities:
         )
         launch = empty
     acts.phase = phase_of(model, launch, phase_windows(model))
+    acts.issued = launch
     return acts
 
 
@@ -80,13 +84,14 @@ def phase_windows(model: TraceModel) -> np.ndarray:
 
 def phase_of(model: TraceModel, times: np.ndarray, windows: np.ndarray) -> np.ndarray:
     """forward (0) before the step's backward window, backward (1) inside it, optimizer (2) after it, by the
-    time the activity was issued; -1 outside steps or in steps without a backward pass."""
+    time the activity was issued; -1 outside steps, in steps without a backward pass, or when the time is
+    unknown (NaN)."""
     s = model.steps
     out = np.full(len(times), -1, dtype=np.int8)
     if not len(s):
         return out
     i = np.searchsorted(s.start, times, side="right") - 1
-    ok = (i >= 0) & ~np.isnan(windows[np.maximum(i, 0), 0])
+    ok = (i >= 0) & np.isfinite(times) & ~np.isnan(windows[np.maximum(i, 0), 0])
     ok[ok] &= times[ok] < s.end[i[ok]]
     lo, hi = windows[i[ok], 0], windows[i[ok], 1]
     t = times[ok]
@@ -94,9 +99,11 @@ def phase_of(model: TraceModel, times: np.ndarray, windows: np.ndarray) -> np.nd
     return out
 
 
-def launch_times(model: TraceModel) -> np.ndarray:
-    """CPU time at which each GPU activity was issued: its runtime call (same correlation id), else its `ac2g`
-    flow start, else its own start."""
+def issue_times(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
+    """(time, known) for each GPU activity: the CPU time at which it was issued, from its runtime call (same
+    correlation id) or else its `ac2g` flow start, and whether the trace holds either. Where it does not
+    (`known` False; the launch preceded the profiler window, as for the tail of the previous, unprofiled
+    iteration), the time is the activity's own start."""
     g = model.gpu
     launch = g.start.copy()
     found = np.zeros(len(g), dtype=bool)
@@ -109,25 +116,55 @@ def launch_times(model: TraceModel) -> np.ndarray:
         hit = (~found) & (g.correlation >= 0) & (corr[i] == g.correlation)
         launch[hit] = table.start[first[i[hit]]]
         found |= hit
-    return launch
+    return launch, found
+
+
+def launch_times(model: TraceModel) -> np.ndarray:
+    """CPU time at which each GPU activity was issued: its runtime call (same correlation id), else its `ac2g`
+    flow start, else (no launch in the trace) its own start. A time, for the diagnosis; which step an activity
+    belongs to comes from `launch_steps` (no launch: no step)."""
+    return issue_times(model)[0]
+
+
+def launch_steps(model: TraceModel) -> np.ndarray:
+    """The ProfilerStep number of each GPU activity: the step whose CPU span holds its launch; -1 when the
+    launch is in no step or not in the trace (docs/metrics.md, Per step)."""
+    launch, known = issue_times(model)
+    return step_of(model, np.where(known, launch, np.nan))
 
 
 def step_of(model: TraceModel, times: np.ndarray) -> np.ndarray:
-    """The ProfilerStep number whose CPU span [start, end) contains each time, -1 if none."""
+    """The ProfilerStep number whose CPU span [start, end) contains each time, -1 if none (or NaN)."""
     s = model.steps
     out = np.full(len(times), -1, dtype=np.int64)
     if not len(s):
         return out
     i = np.searchsorted(s.start, times, side="right") - 1
-    ok = i >= 0
+    ok = (i >= 0) & np.isfinite(times)
     ok[ok] = times[ok] < s.end[i[ok]]
     out[ok] = s.number[i[ok]]
     return out
 
 
 def gloo_threads(model: TraceModel) -> set[int]:
-    """Thread indices of gloo's `pt_gloo_runloop` communication threads."""
-    return {i for i, (_, _, name) in enumerate(model.threads) if "pt_gloo_runloop" in name}
+    """Thread indices of gloo's communication threads, found by what runs on them, never by their name:
+    a thread on which `gloo:*` annotations run and that issues no collective (`c10d::*`,
+    `record_param_comms`; those run on the thread that calls torch.distributed). The profiler names gloo's
+    worker threads `pt_gloo_runloop`, but often one of them after the process (`python3`)."""
+    o = model.ops
+    if not len(o):
+        return set()
+    carriers = np.unique(o.thread[_name_mask(model, o.name, lambda n: n.startswith("gloo:"))])
+    if not len(carriers):
+        return set()
+    issuing = _name_mask(model, o.name, lambda n: bool(_COLLECTIVE_OP.match(n))) & (o.kind == CPU_OP)
+    return {int(t) for t in np.setdiff1d(carriers, np.unique(o.thread[issuing]))}
+
+
+def _name_mask(model: TraceModel, column: np.ndarray, predicate: Callable[[str], bool]) -> np.ndarray:
+    """Rows whose interned name satisfies `predicate`, testing each name once (no loop over events)."""
+    good = np.array([predicate(n) for n in model.names] + [False], dtype=bool)  # index -1: no name
+    return good[np.where(column >= 0, column, len(model.names))]
 
 
 _COLLECTIVE_OP = re.compile(r"^(?:c10d::|record_param_comms)")
@@ -135,16 +172,17 @@ _WAIT_OP = re.compile(r"wait", re.IGNORECASE)
 
 
 def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
-    """A gloo run: `gloo:*` annotations on the gloo threads are communication; leaf `cpu_op`s on the other
-    threads, minus the time inside collective or wait ops, are compute. The collective of each gloo annotation
-    is that of the `c10d::` op that issued it (gloo runs a reduce-scatter as an all-reduce), matched in order."""
+    """A gloo run: `gloo:*` annotations on the gloo threads (`gloo_threads`) are communication; leaf `cpu_op`s on
+    the other threads, minus the time inside collective or wait ops, are compute. The collective of each gloo
+    annotation is that of the `c10d::` op that issued it (gloo runs a reduce-scatter as an all-reduce), matched
+    in order."""
     o = model.ops
     names = np.array(model.names, dtype=object)
     op_names = names[o.name] if len(o) else np.zeros(0, dtype=object)
     on_gloo = np.isin(o.thread, list(gloo))
-    is_gloo_ann = on_gloo & np.array([n.startswith("gloo:") for n in op_names], dtype=bool)
-    is_coll_op = ~on_gloo & np.array([bool(_COLLECTIVE_OP.match(n)) for n in op_names], dtype=bool)
-    is_wait = ~on_gloo & np.array([bool(_WAIT_OP.search(n)) for n in op_names], dtype=bool)
+    is_gloo_ann = on_gloo & _name_mask(model, o.name, lambda n: n.startswith("gloo:"))
+    is_coll_op = ~on_gloo & _name_mask(model, o.name, lambda n: bool(_COLLECTIVE_OP.match(n)))
+    is_wait = ~on_gloo & _name_mask(model, o.name, lambda n: bool(_WAIT_OP.search(n)))
 
     comm_idx = np.flatnonzero(is_gloo_ann)
     comm_idx = comm_idx[np.argsort(o.start[comm_idx], kind="stable")]
@@ -161,10 +199,19 @@ def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
     colls = np.concatenate([coll, np.full(n_comp, C.NO_COLLECTIVE, np.int8)])
     lane = np.concatenate([o.thread[comm_idx].astype(np.int64), np.full(n_comp, -1, np.int64)])
     note = (
-        "CPU-only gloo run: communication = gloo:* annotations on pt_gloo_runloop threads, "
-        "compute = leaf cpu_ops on the other threads (lane -1)"
+        "CPU-only gloo run: communication = gloo:* annotations on gloo's worker threads, found by what runs on "
+        f"them (threads named {_thread_names(model, gloo)}), compute = leaf cpu_ops on the other threads (lane -1)"
     )
     return Activities(start, end, cls, colls, lane, step_of(model, start), "cpu", [note])
+
+
+def _thread_names(model: TraceModel, threads: set[int]) -> str:
+    """'pt_gloo_runloop, python3': the profiler's names of the threads (`thread 26426 (python3)` -> python3)."""
+    labels = []
+    for t in sorted(threads):
+        name = str(model.threads[t][2])
+        labels.append(name.split("(", 1)[1].rstrip(")") if name.endswith(")") and "(" in name else name or "?")
+    return ", ".join(sorted(labels))
 
 
 def _match_issuers(o, op_names: np.ndarray, comm_idx: np.ndarray, issuer_idx: np.ndarray) -> np.ndarray:

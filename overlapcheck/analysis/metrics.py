@@ -9,7 +9,17 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, Activities, activities_of
-from overlapcheck.model import ALL, Collectives, Copies, PhaseMetrics, RankMetrics, Split, StepMetrics, StreamStats
+from overlapcheck.model import (
+    ALL,
+    Collectives,
+    Copies,
+    OutsideSteps,
+    PhaseMetrics,
+    RankMetrics,
+    Split,
+    StepMetrics,
+    StreamStats,
+)
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import rank_of
@@ -51,15 +61,16 @@ def analyze_model(model: TraceModel) -> RankMetrics:
     span = float(acts.end.max() - acts.start.min()) if len(acts) else 0.0
 
     of_step = _by_step(acts)
-    steps = [
-        _step(model, of_step(int(model.steps.number[i])), i, compute, compute_or_comm) for i in range(len(model.steps))
-    ]
+    own = [of_step(int(number)) for number in model.steps.number]
+    periods = step_periods(model, own)
+    steps = [_step(model, own[i], i, periods[i], compute, compute_or_comm) for i in range(len(model.steps))]
     rank_collectives = collectives(acts, everything, compute)
     if steps:
-        step_time = sum(s.duration_us for s in steps)
+        step_time = float(sum(p[1] for p in periods))
         step_exposed = sum(s.collectives[ALL].exposed_us for s in steps)
     else:
         step_time, step_exposed = span, rank_collectives[ALL].exposed_us
+    before, outside = _outside_steps(model, acts, compute, compute_or_comm)
 
     info = model.distributed
     notes = list(model.notes) + acts.notes
@@ -69,6 +80,11 @@ def analyze_model(model: TraceModel) -> RankMetrics:
         notes.append("no communication kernels: overlap is null")
     if len(model.steps) == 0 and len(acts):
         notes.append("no ProfilerStep annotations: per-step numbers are not available")
+    elif acts.lanes == "gpu" and len(acts) and acts.issued is not None and np.isnan(acts.issued).all():
+        notes.append(
+            "no GPU activity has its launch in the trace (no runtime calls, no ac2g flows): "
+            "none can be attributed to a step"
+        )
     host = model.metadata.get("host_name")
     return RankMetrics(
         rank=rank_of(model),
@@ -89,6 +105,56 @@ def analyze_model(model: TraceModel) -> RankMetrics:
         streams=_streams(acts),
         steps=steps,
         notes=notes,
+        before_first_step=before,
+        outside_steps=outside,
+    )
+
+
+def step_periods(model: TraceModel, own: list[Activities]) -> list[tuple[float, float]]:
+    """(start, length) of each step's period, in step order (docs/metrics.md, Per step). The period of a step
+    ends where the GPU work of it and of every earlier step has ended, and starts where the previous step's
+    ended; the first step with activity starts at its first kernel. So the periods tile the rank's timeline
+    from the first step's first kernel to the end of the last step's work, and never overlap. Without any
+    activity in any step, the periods are the CPU annotations."""
+    s = model.steps
+    if not any(len(a) for a in own):
+        return [(float(s.start[i]), float(s.end[i] - s.start[i])) for i in range(len(s))]
+    first = next(a for a in own if len(a))
+    kernels = (first.cls == C.COMPUTE) | (first.cls == C.COMM)
+    begin = float(first.start[kernels].min() if kernels.any() else first.start.min())
+    out = []
+    end = begin
+    for acts in own:
+        lo = end
+        if len(acts):
+            end = max(end, float(acts.end.max()))
+        out.append((lo, end - lo))
+    return out
+
+
+def _outside_steps(
+    model: TraceModel, acts: Activities, compute: iv.Intervals, compute_or_comm: iv.Intervals
+) -> tuple[OutsideSteps | None, OutsideSteps | None]:
+    """(before_first_step, outside_steps): the activities of no step that were issued before the first
+    ProfilerStep began or whose launch is not in the trace (the tail of the previous, unprofiled iteration),
+    and all activities of no step; None when the trace has no steps."""
+    if not len(model.steps):
+        return None, None
+    outside = acts.step < 0
+    issued = acts.issued if acts.issued is not None else acts.start
+    early = outside & (np.isnan(issued) | (issued < float(model.steps.start.min())))
+    return _outside(acts, early, compute, compute_or_comm), _outside(acts, outside, compute, compute_or_comm)
+
+
+def _outside(acts: Activities, mask: np.ndarray, compute: iv.Intervals, compute_or_comm: iv.Intervals) -> OutsideSteps:
+    own_compute = mask & (acts.cls == C.COMPUTE)
+    return OutsideSteps(
+        count=int(mask.sum()),
+        busy_us=iv.length(iv.union(acts.start[mask], acts.end[mask])),
+        compute_us=iv.length(iv.union(acts.start[own_compute], acts.end[own_compute])),
+        collectives=collectives(acts, mask, compute),
+        memcpy=copies(acts, mask, C.MEMCPY, compute_or_comm),
+        memset=copies(acts, mask, C.MEMSET, compute_or_comm),
     )
 
 
@@ -112,7 +178,12 @@ def _by_step(acts: Activities) -> Callable[[int], Activities]:
 
 
 def _step(
-    model: TraceModel, acts: Activities, i: int, compute: iv.Intervals, compute_or_comm: iv.Intervals
+    model: TraceModel,
+    acts: Activities,
+    i: int,
+    period: tuple[float, float],
+    compute: iv.Intervals,
+    compute_or_comm: iv.Intervals,
 ) -> StepMetrics:
     number = int(model.steps.number[i])
     mask = acts.step == number
@@ -140,11 +211,13 @@ def _step(
         duration_us=duration,
         cpu_duration_us=cpu_duration,
         compute_us=iv.length(iv.union(acts.start[own_compute], acts.end[own_compute])),
-        exposed_share=everything.exposed_us / duration if duration > 0 and everything.count else None,
+        exposed_share=everything.exposed_us / period[1] if period[1] > 0 and everything.count else None,
         collectives=split_,
         memcpy=copies(acts, mask, C.MEMCPY, compute_or_comm),
         memset=copies(acts, mask, C.MEMSET, compute_or_comm),
         phases=phases,
+        period_start_us=period[0],
+        period_us=period[1],
     )
 
 

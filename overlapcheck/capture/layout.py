@@ -1,11 +1,11 @@
 """Where things live in a run folder. Both the launcher and the ranks use these names.
 
-    RUN_DIR/run.json                      the run manifest
-    RUN_DIR/rank<R>.summary.json          each rank's own analysis (what `overlapcheck report` reads)
-    RUN_DIR/traces/rank<R>.pt.trace.json.gz   the traces, alone in their folder, named as torch names them, so
-                                          that HolisticTraceAnalysis (`TraceAnalysis(trace_dir=RUN_DIR/traces)`),
-                                          TensorBoard's profiler plugin (`--logdir RUN_DIR`) and TraceLens open them
-    RUN_DIR/status/                       per-rank and per-launcher status files
+RUN_DIR/run.json                      the run manifest
+RUN_DIR/rank<R>.summary.json          each rank's own analysis (what `overlapcheck report` reads)
+RUN_DIR/traces/rank<R>.pt.trace.json.gz   the traces, alone in their folder, named as torch names them, so
+                                      that HolisticTraceAnalysis (`TraceAnalysis(trace_dir=RUN_DIR/traces)`),
+                                      TensorBoard's profiler plugin (`--logdir RUN_DIR`) and TraceLens open them
+RUN_DIR/status/                       per-rank and per-launcher status files
 """
 
 from __future__ import annotations

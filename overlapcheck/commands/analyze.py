@@ -23,11 +23,35 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 show_default=True,
                 help="Terminal text, the JSON report document (docs/report-schema.md), or Markdown.",
             ),
-            click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to FILE."),
+            click.option("-o", "--output", metavar="FILE", help="Write the report to FILE."),
+            click.option("--html", "html_path", metavar="FILE", help="Also write a self-contained HTML report."),
             click.option(
-                "--html", "html_path", type=click.Path(dir_okay=False), help="Also write a self-contained HTML report."
+                "--perfetto",
+                "perfetto_path",
+                metavar="FILE",
+                help="Also write every rank's timeline as one Chrome-trace JSON (.json, or .json.gz: gzip) for "
+                "ui.perfetto.dev or chrome://tracing. `report RUN_DIR` then reads the ranks' traces.",
             ),
-            click.option("--ds-config", type=click.Path(dir_okay=False), help="The DeepSpeed config the job used."),
+            click.option(
+                "--steps",
+                metavar="STEPS",
+                callback=lambda ctx, param, value: parse_numbers(value, ":", "--steps"),
+                help="Analyze only these ProfilerSteps, e.g. 5:7 (5 to 7, inclusive) or 5,6: every number of the "
+                "report covers only the GPU work those steps issued (docs/metrics.md).",
+            ),
+            click.option(
+                "--ranks",
+                metavar="RANKS",
+                callback=lambda ctx, param, value: parse_numbers(value, "-", "--ranks"),
+                help="Analyze only these ranks, e.g. 0-3,8: other ranks' files are not read.",
+            ),
+            click.option("--ds-config", metavar="FILE", help="The DeepSpeed config the job used."),
+            click.option(
+                "--network",
+                metavar="LINKSxRATE",
+                help="Each node's inter-node network, e.g. 4x200Gbps, 400Gbps, 8x25GB/s: inter-node busbw is "
+                "compared with its per-GPU share (docs/metrics.md).",
+            ),
             click.option(
                 "-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores)."
             ),
@@ -58,18 +82,29 @@ def run_report(
     ds_config: str | None,
     jobs: int | None,
     force: bool,
+    perfetto_path: str | None = None,
+    steps: frozenset[int] | None = None,
+    ranks: frozenset[int] | None = None,
+    network: str | None = None,
 ) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
     from overlapcheck import pipeline
     from overlapcheck.fsutil import atomic_write
+    from overlapcheck.job import parse_network
     from overlapcheck.report import renderer
 
-    targets = [t for t in (output, html_path) if t]
+    targets = [t for t in (output, html_path, perfetto_path) if t]
     check_outputs(targets, force)  # fail before a long analysis, not after
+    stated = parse_network(network) if network is not None else None
     config = pipeline.read_ds_config(ds_config) if ds_config else None
     inputs = pipeline.find_inputs(paths)
-    job = pipeline.job_context(inputs, config)
-    report = _with_progress(inputs, job, pipeline.Options(timelines=bool(html_path)), jobs)
+    job = pipeline.job_context(inputs, config, stated)
+    options = pipeline.Options(
+        timelines=bool(html_path or perfetto_path), steps=steps, ranks=ranks, prefer_traces=bool(perfetto_path)
+    )
+    if perfetto_path and any(s.trace is not None for s in inputs.summaries):
+        click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
+    report = _with_progress(inputs, job, options, jobs)
     if output:
         atomic_write(output, renderer(fmt).render(report), force)
     elif fmt == "text":
@@ -80,8 +115,29 @@ def run_report(
         Console().print(*TerminalRenderer().renderables(report))
     else:
         sys.stdout.write(str(renderer(fmt).render(report)))
+    if perfetto_path:
+        from overlapcheck.report.perfetto import PerfettoRenderer
+
+        atomic_write(perfetto_path, PerfettoRenderer.for_path(perfetto_path).render(report), force)
+        missing = [r.rank for r in report.ranks if r.rank not in report.timelines]
+        click.echo(f"Perfetto trace: {perfetto_path} (open it in https://ui.perfetto.dev)", err=True)
+        if missing:
+            from overlapcheck.report.present import rank_ranges
+
+            click.echo(
+                f"--perfetto: no events for rank(s) {rank_ranges(missing)} (a summary without a trace)", err=True
+            )
     if html_path:
-        atomic_write(html_path, renderer("html").render(report), force)
+        import os
+
+        from overlapcheck.report.html import HtmlRenderer
+
+        link = (
+            os.path.relpath(os.path.abspath(perfetto_path), os.path.dirname(os.path.abspath(html_path)))
+            if perfetto_path
+            else None
+        )
+        atomic_write(html_path, HtmlRenderer(perfetto=link).render(report), force)
         click.echo(f"HTML report: {html_path}", err=True)
     if report.errors:
         from overlapcheck.report.present import safe_line
@@ -89,6 +145,25 @@ def run_report(
         for err in report.errors:
             click.echo(f"overlapcheck: error: {safe_line(err.error)}", err=True)
         sys.exit(2)
+
+
+def parse_numbers(text: str | None, dash: str, option: str) -> frozenset[int] | None:
+    """'5:7' or '5,6' (--steps, dash ':'), '0-3,8' (--ranks, dash '-'): the numbers, ranges inclusive."""
+    if text is None:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition(dash)
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise click.BadParameter(f"{part!r} is not N or N{dash}M", param_hint=option) from None
+        if a < 0 or b < a or b - a > 1_000_000:
+            raise click.BadParameter(f"{part!r} is not a range of non-negative numbers", param_hint=option)
+        out.update(range(a, b + 1))
+    return frozenset(out)
 
 
 def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = None) -> None:

@@ -41,15 +41,15 @@ from overlapcheck.report.gate import (
     "--max-exposed-regression",
     multiple=True,
     metavar="[KIND=]PERCENT",
-    help="Allowed growth of exposed communication per step over the baseline (default all=10% "
-    "when --baseline is given); repeatable.",
+    help="Allowed growth of exposed communication per step over the baseline (default 10% for all and "
+    "every collective kind of the baseline when --baseline is given); repeatable.",
 )
 @click.option(
     "--max-overlap-drop",
     multiple=True,
     metavar="[KIND=]POINTS",
     help="Allowed fall of the overlap below the baseline's, in percentage points (5% or 0.05; "
-    "default all=5% when --baseline is given); repeatable.",
+    "default 5% for all and every collective kind of the baseline when --baseline is given); repeatable.",
 )
 @click.option(
     "--ignore-below-us",

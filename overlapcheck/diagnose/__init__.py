@@ -15,7 +15,7 @@ from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, RULES, Rule
 from overlapcheck.diagnose.rules.stragglers import collective_signature
 from overlapcheck.job import JobContext
-from overlapcheck.model import SEVERITIES, CollectiveSignature, Finding, Fix, RankMetrics, RankResult
+from overlapcheck.model import SEVERITIES, Blame, CollectiveSignature, Finding, Fix, RankMetrics, RankResult
 from overlapcheck.trace.model import TraceModel
 
 
@@ -24,7 +24,21 @@ def diagnose_rank(
 ) -> tuple[list[Finding], CollectiveSignature | None]:
     """The findings on one rank's trace (severity against that rank's own step), and its collective signature
     for the cross-rank rules."""
+    return _diagnose(RankFacts(model, metrics, job))
+
+
+def diagnose_rank_located(
+    model: TraceModel, metrics: RankMetrics, job: JobContext
+) -> tuple[list[Finding], CollectiveSignature | None, list[Blame]]:
+    """`diagnose_rank`, plus the host events each finding blames (for the timelines: diagnose/locate.py)."""
+    from overlapcheck.diagnose.locate import blamed_events
+
     facts = RankFacts(model, metrics, job)
+    findings, signature = _diagnose(facts)
+    return findings, signature, blamed_events(facts, findings)
+
+
+def _diagnose(facts: RankFacts) -> tuple[list[Finding], CollectiveSignature | None]:
     found: list[Finding] = []
     for rule in RULES:
         if rule.find is None:

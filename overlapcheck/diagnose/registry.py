@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.diagnose.rules import buckets, stragglers, streams, syncs, waits
+from overlapcheck.diagnose.rules import bandwidth, buckets, stragglers, streams, syncs, waits
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, RankResult
 
@@ -63,6 +63,8 @@ RULES: tuple[Rule, ...] = (
     # compute they hide behind: a wait is partly inherent, so it needs a larger share to matter
     Rule("cross-stream-wait", waits.cross_stream_waits, shares=(0.15, 0.05), distinct_by=("waited_for",)),
     Rule("straggler", cross=stragglers.straggler),
+    # the floor no schedule could hide at the measured bandwidth (docs/rules.md)
+    Rule("bandwidth-bound", cross=bandwidth.bandwidth_bound),
 )
 
 BY_ID = {rule.id: rule for rule in RULES}

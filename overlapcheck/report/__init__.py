@@ -1,8 +1,9 @@
 """Renderers: each turns the Report into one output format, behind one interface (`base.Renderer`).
 
 `renderer(name)` picks one by the name `--format` uses: `text` (rich terminal), `json` (the documented
-document), `markdown` (for pull-request comments), `html` (one self-contained page). Labels, units, number
-formats and the verdict live in `present`, shared by all of them and by the gate's outputs.
+document), `markdown` (for pull-request comments), `html` (one self-contained page); `perfetto` (a Chrome-trace
+JSON of every rank's timeline, `--perfetto`). Labels, units, number formats and the verdict live in `present`,
+shared by all of them and by the gate's outputs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ RENDERERS = {
     "json": ("overlapcheck.report.json", "JsonRenderer"),
     "markdown": ("overlapcheck.report.markdown", "MarkdownRenderer"),
     "html": ("overlapcheck.report.html", "HtmlRenderer"),
+    "perfetto": ("overlapcheck.report.perfetto", "PerfettoRenderer"),
 }
 
 

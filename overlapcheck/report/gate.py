@@ -11,7 +11,13 @@ How checks treat ranks (documented in docs/ci-gate.md):
   rank's steps, or the whole trace when it has none) may grow over the baseline by at most
   `max(relative * baseline, ignore_below_us)`, so sub-noise changes never fail a build;
 - `overlap-drop.<kind>`: the overlap may fall below the baseline's by at most the given fraction
-  (0.05 = 5 percentage points).
+  (0.05 = 5 percentage points), unless the kind's exposed time per step grew by no more than
+  `ignore_below_us` (a tiny collective's overlap swings with noise);
+- with a baseline and no explicit baseline check, both checks run for `all` and for every collective kind
+  present in the baseline (DEFAULT_REGRESSION, DEFAULT_DROP tolerances).
+
+The baseline checks read what changed from `report.compare.compare(baseline, report)`: the one implementation
+of "what changed" that `overlapcheck compare` prints (ranks present in both reports, values per step).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from typing import TYPE_CHECKING
 
 from overlapcheck.errors import UserError
 from overlapcheck.fsutil import read_bytes
-from overlapcheck.model import COLLECTIVE_KEYS, RankMetrics, Report
+from overlapcheck.model import ALL, COLLECTIVE_KEYS, RankMetrics, Report
+from overlapcheck.report.compare import Comparison, compare
 from overlapcheck.report.present import duration as fmt_us
 from overlapcheck.report.present import pct as fmt_pct
 
@@ -34,8 +41,8 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 ACROSS = ("worst", "median")
-DEFAULT_REGRESSION = {"all": 0.10}  # with --baseline and no explicit baseline check
-DEFAULT_DROP = {"all": 0.05}
+DEFAULT_REGRESSION = 0.10  # with --baseline and no explicit baseline check: for all and every baseline kind
+DEFAULT_DROP = 0.05
 
 
 @dataclass(frozen=True)
@@ -196,12 +203,24 @@ def run_checks(report: Report, config: GateConfig, baseline: Report | None = Non
     if config.max_exposed_share is not None:
         checks.append(_exposed_share_check(report, config.max_exposed_share, config.reduction(False)))
     if baseline is not None:
-        explicit = config.max_exposed_regression or config.max_overlap_drop
-        for kind, rel in (config.max_exposed_regression or ({} if explicit else DEFAULT_REGRESSION)).items():
-            checks.append(_regression_check(report, baseline, kind, rel, config))
-        for kind, points in (config.max_overlap_drop or ({} if explicit else DEFAULT_DROP)).items():
-            checks.append(_overlap_drop_check(report, baseline, kind, points, config.reduction(True)))
+        comparison = compare(baseline, report)
+        regressions, drops = config.max_exposed_regression, config.max_overlap_drop
+        if not (regressions or drops):
+            kinds = default_kinds(baseline)
+            regressions = dict.fromkeys(kinds, DEFAULT_REGRESSION)
+            drops = dict.fromkeys(kinds, DEFAULT_DROP)
+        for kind, rel in regressions.items():
+            checks.append(_regression_check(comparison, kind, rel, config))
+        for kind, points in drops.items():
+            checks.append(_overlap_drop_check(comparison, kind, points, config))
     return checks
+
+
+def default_kinds(baseline: Report) -> list[str]:
+    """`all` and every collective kind that some rank of the baseline has, in report order."""
+    from overlapcheck.report.present import present_kinds
+
+    return [ALL, *present_kinds(baseline.ranks)]
 
 
 def exit_code(checks: list[Check]) -> int:
@@ -260,13 +279,35 @@ def _exposed_share_check(report: Report, threshold: float, across: str) -> Check
     return Check("max-exposed-share", name, red.value <= threshold, fmt_pct(red.value), limit, red.where(across))
 
 
-def _regression_check(report: Report, baseline: Report, kind: str, rel: float, config: GateConfig) -> Check:
-    def metric(r: RankMetrics) -> float:
-        return r.exposed_per_step(kind)
+def reduce_side(
+    comparison: Comparison, side: str, kind: str, metric: str, across: str, higher_is_worse: bool
+) -> Reduced:
+    """One side of a comparison reduced across its compared ranks (`Comparison.values`)."""
+    pairs = comparison.values(side, kind, metric)
+    if not pairs:
+        return Reduced(None, None, 0)
+    if across == "median":
+        return Reduced(statistics.median(v for _, v in pairs), None, len(pairs))
+    pick = max if higher_is_worse else min
+    rank, value = pick(pairs, key=lambda p: p[1])
+    return Reduced(value, rank, len(pairs))
 
+
+def _shared_detail(comparison: Comparison) -> str:
+    shared = comparison.shared
+    if not (shared.only_before or shared.only_after):
+        return ""
+    n_base = len(shared.ranks) + len(shared.only_before)
+    n_cur = len(shared.ranks) + len(shared.only_after)
+    if not shared.ranks:
+        return f"; rank count differs ({n_cur} vs {n_base}), no rank in common"
+    return f"; rank count differs ({n_cur} vs {n_base}): compared on the {len(shared.ranks)} ranks in both"
+
+
+def _regression_check(comparison: Comparison, kind: str, rel: float, config: GateConfig) -> Check:
     across = config.reduction(True)
-    cur = reduce_ranks(report, metric, across, higher_is_worse=True)
-    base = reduce_ranks(baseline, metric, across, higher_is_worse=True)
+    cur = reduce_side(comparison, "after", kind, "exposed_us", across, higher_is_worse=True)
+    base = reduce_side(comparison, "before", kind, "exposed_us", across, higher_is_worse=True)
     name = f"{kind} exposed per step vs baseline ({across})"
     limit = f"≤ +{rel * 100:.0f}% (or +{fmt_us(config.ignore_below_us)})"
     cur_v, base_v = cur.value or 0.0, base.value or 0.0
@@ -277,17 +318,14 @@ def _regression_check(report: Report, baseline: Report, kind: str, rel: float, c
     detail = f"{cur.where(across)}; baseline {base.where(across)}"
     if delta > 0 and delta <= allowed and delta > rel * base_v:
         detail += f"; +{fmt_us(delta)} is under the {fmt_us(config.ignore_below_us)} noise floor"
-    if cur.ranks != base.ranks and cur.ranks and base.ranks:
-        detail += f"; rank count differs ({cur.ranks} vs {base.ranks})"
+    detail += _shared_detail(comparison)
     return Check(f"exposed-regression.{kind}", name, delta <= allowed, measured, limit, detail)
 
 
-def _overlap_drop_check(report: Report, baseline: Report, kind: str, points: float, across: str) -> Check:
-    def metric(r: RankMetrics) -> float | None:
-        return r.overlap(kind)
-
-    cur = reduce_ranks(report, metric, across, higher_is_worse=False)
-    base = reduce_ranks(baseline, metric, across, higher_is_worse=False)
+def _overlap_drop_check(comparison: Comparison, kind: str, points: float, config: GateConfig) -> Check:
+    across = config.reduction(True)
+    cur = reduce_side(comparison, "after", kind, "overlap", across, higher_is_worse=False)
+    base = reduce_side(comparison, "before", kind, "overlap", across, higher_is_worse=False)
     name = f"{kind} overlap vs baseline ({across})"
     limit = f"drop ≤ {points * 100:.1f} pts"
     if cur.value is None or base.value is None:
@@ -303,7 +341,19 @@ def _overlap_drop_check(report: Report, baseline: Report, kind: str, points: flo
     drop = base.value - cur.value
     measured = f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)} ({-drop * 100:+.1f} pts)"
     detail = f"{cur.where(across)}; baseline {base.where(across)}"
-    return Check(f"overlap-drop.{kind}", name, drop <= points + 1e-12, measured, limit, detail)
+    passed = drop <= points + 1e-12
+    if not passed:
+        exposed_cur = reduce_side(comparison, "after", kind, "exposed_us", across, higher_is_worse=True).value
+        exposed_base = reduce_side(comparison, "before", kind, "exposed_us", across, higher_is_worse=True).value
+        grew = (exposed_cur or 0.0) - (exposed_base or 0.0)
+        if grew <= config.ignore_below_us:
+            passed = True
+            detail += (
+                f"; its exposed time grew by {fmt_us(max(grew, 0.0))} per step, under the "
+                f"{fmt_us(config.ignore_below_us)} noise floor"
+            )
+    detail += _shared_detail(comparison)
+    return Check(f"overlap-drop.{kind}", name, passed, measured, limit, detail)
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -44,6 +44,9 @@ CLASS_COLORS = {
 }
 CLASS_LABELS = {"compute": "compute", "memcpy": "memcpy", "memset": "memset", "cpu": "CPU"}
 EXPOSED_COLOR = "#e03e3e"
+HOST_COLORS = {"sync": "#c0392b", "wait": "#d68910", "late-launch": "#7d3c98"}
+PHASE_COLORS = {"forward": "#d6e4f5", "backward": "#f5e3d0", "optimizer": "#dcefdc"}
+MAX_HOST_RANK = 5_000  # blamed host events per rank
 HIDDEN_COLOR = "#3aa675"
 LANE_ORDER = {"compute": 0, "mixed": 1, "comm": 2, "memcpy": 3, "cpu": 4}
 
@@ -53,6 +56,9 @@ class HtmlRenderer:
 
     name = "html"
     extension = ".html"
+
+    def __init__(self, perfetto: str | None = None) -> None:
+        self.perfetto = perfetto  # a relative link to the Perfetto file written in the same run, if any
 
     def render(self, report: Report) -> str:
         import jinja2
@@ -66,7 +72,7 @@ class HtmlRenderer:
             lstrip_blocks=True,
         )
         env.policies["json.dumps_kwargs"] = {"separators": (",", ":"), "allow_nan": False}
-        env.filters.update(us=P.duration, pct=P.pct, ranges=P.rank_ranges)
+        env.filters.update(us=P.duration, ms=P.ms, pct=P.pct, ranges=P.rank_ranges)
         css = (HERE / "assets" / "report.css").read_text(encoding="utf-8")
         js = (HERE / "assets" / "report.js").read_text(encoding="utf-8")
         csp = (
@@ -74,7 +80,7 @@ class HtmlRenderer:
             "base-uri 'none'; form-action 'none'"
         )
         return env.get_template("report.html.j2").render(
-            view=build_view(report), css=markupsafe.Markup(css), js=markupsafe.Markup(js), csp=csp
+            view=build_view(report, self.perfetto), css=markupsafe.Markup(css), js=markupsafe.Markup(js), csp=csp
         )
 
 
@@ -82,10 +88,11 @@ def _sha256(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 
 
-def build_view(report: Report) -> dict[str, Any]:
-    """Everything the template shows, computed from the Report (numbers made finite or None)."""
+def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
+    """Everything the template shows, computed from the Report (numbers made finite or None); `perfetto` is a
+    relative link to the Perfetto file written beside the page."""
     ranks = report.ranks
-    timelines = timelines_view(report.timelines, ranks)
+    timelines = timelines_view(report.timelines, ranks, report.findings)
     classes = _classes_in(timelines)
     v = P.verdict(report)
     view = {
@@ -106,22 +113,28 @@ def build_view(report: Report) -> dict[str, Any]:
             "n_findings": len(report.findings),
         },
         "ranks": rank_rows(ranks, timelines),
+        "outside_steps": P.outside_steps_line(report),
         "kind_columns": [(k, P.KIND_SHORT[k], f"{P.KIND_LABELS[k]} overlap") for k in P.present_kinds(ranks)],
         "collectives": collective_bars(report),
         "crossrank": crossrank(report),
+        "bandwidth": bandwidth_view(report),
         "findings": [finding_view(f) for f in report.findings],
         "combined_patch": _pretty(patch) if (patch := P.combined_patch(report.findings)) else None,
         "explain_share": _num(report.findings_explain_share),
         "errors": [{"source": e.source, "error": e.error} for e in report.errors],
+        "capture_notes": P.capture_notes(report),
         "notes": [(r.rank, n) for r in ranks for n in r.notes],
         "timelines": timelines,
         "legend": [{"label": _class_label(c), "color": _class_color(c)} for c in classes],
         "colors": {"exposed": EXPOSED_COLOR, "hidden": HIDDEN_COLOR},
+        "perfetto": perfetto,
     }
     view["config"] = {
         "classColors": {c: _class_color(c) for c in classes},
         "classLabels": {c: _class_label(c) for c in classes},
         "exposedColor": EXPOSED_COLOR,
+        "hostColors": HOST_COLORS,
+        "phaseColors": PHASE_COLORS,
         "initialRank": timelines["initial"],
     }
     return view
@@ -138,7 +151,6 @@ def rank_rows(ranks: list[RankMetrics], timelines: dict[str, Any]) -> list[dict[
     kinds = P.present_kinds(ranks)
     rows = []
     for r in ordered:
-        n = P.steps_of(r)
         rows.append(
             {
                 "rank": r.rank,
@@ -146,8 +158,8 @@ def rank_rows(ranks: list[RankMetrics], timelines: dict[str, Any]) -> list[dict[
                 "lanes": r.lanes,
                 "source": r.source,
                 "steps": len(r.steps),
-                "step_time_us": _num(r.step_time_us / n),
-                "compute_us": _num(r.compute_us / n) if not r.steps else _num(sum(s.compute_us for s in r.steps) / n),
+                "step_time_us": _num(P.mean_step_us(r)),
+                "compute_us": _num(P.compute_per_step(r)),
                 "comm_us": _num(P.per_step(r, ALL, "time_us")),
                 "exposed_us": _num(P.per_step(r, ALL, "exposed_us")),
                 "overlap": _num(r.overlap()),
@@ -175,6 +187,8 @@ def collective_bars(report: Report, width: float = 400.0) -> list[dict[str, Any]
                 "hidden_us": hidden,
                 "exposed_us": exposed,
                 "overlap": _num(k.overlap),
+                "count_text": P.kind_cells(k)["kernels/step"],
+                "worst": P.kind_cells(k)["worst overlap (rank)"],
             }
         )
     scale = max((r["hidden_us"] + r["exposed_us"] for r in rows), default=0.0)
@@ -189,13 +203,12 @@ def crossrank(report: Report, height: float = 150.0) -> dict[str, Any]:
     stragglers the diagnosis found."""
     ranks = report.ranks
     cols = []
-    tops = [_num(r.step_time_us / P.steps_of(r)) or 0.0 for r in ranks]
+    tops = [_num(P.mean_step_us(r)) or 0.0 for r in ranks]
     scale = max(tops, default=0.0)
     bar_w = max(4.0, min(44.0, 900.0 / max(len(ranks), 1)))
     for i, r in enumerate(ranks):
         total = tops[i]
-        compute_per_step = sum(s.compute_us for s in r.steps) / len(r.steps) if r.steps else r.compute_us
-        compute = min(_num(compute_per_step) or 0.0, total)
+        compute = min(_num(P.compute_per_step(r)) or 0.0, total)
         exposed = min(_num(P.per_step(r, ALL, "exposed_us")) or 0.0, max(total - compute, 0.0))
         other = max(total - compute - exposed, 0.0)
         k = height / scale if scale > 0 else 0.0
@@ -237,6 +250,79 @@ def crossrank(report: Report, height: float = 150.0) -> dict[str, Any]:
     }
 
 
+_KIND_COLORS = {
+    "reduce_scatter": "#d9534f",
+    "all_gather": "#4f7fd9",
+    "all_reduce": "#8e44ad",
+    "all_to_all": "#16a085",
+    "send_recv": "#e67e22",
+    "broadcast": "#7f8c8d",
+    "other": "#34495e",
+}
+
+
+def bandwidth_view(report: Report, width: float = 520.0, height: float = 200.0) -> dict[str, Any]:
+    """Message size (log) against busbw, one point per rank and collective kind (docs/metrics.md, Bandwidth);
+    the stated or known peaks as dashed lines."""
+    raw = []
+    for r in report.ranks:
+        for kind, b in r.bandwidth.items():
+            per_step = P.per_step(r, kind, "count")
+            size = b.bytes_per_step / per_step if per_step > 0 else None
+            if size and size > 0 and b.busbw_gbps is not None:
+                raw.append((r.rank, kind, size, b))
+    if not raw:
+        return {"points": []}
+    xs = [math.log10(x[2]) for x in raw]
+    x_lo, x_hi = math.floor(min(xs)), math.ceil(max(xs))
+    if x_hi == x_lo:
+        x_hi += 1
+    peaks = {(b.peak_gbps, b.peak) for _, _, _, b in raw if b.peak_gbps is not None}
+    top = max([b.busbw_max_gbps or b.busbw_gbps or 0.0 for _, _, _, b in raw] + [p for p, _ in peaks]) or 1.0
+    top *= 1.1
+
+    def y(v: float | None) -> float:
+        return height - (v or 0.0) / top * height
+
+    points = [
+        {
+            "rank": rank,
+            "label": P.KIND_LABELS[kind],
+            "color": _KIND_COLORS.get(kind, "#34495e"),
+            "x": (math.log10(size) - x_lo) / (x_hi - x_lo) * width,
+            "y": y(b.busbw_gbps),
+            "y_lo": y(b.busbw_min_gbps),
+            "y_hi": y(b.busbw_max_gbps),
+            "size": f"{P.mbytes(size / 1e6)} MB",
+            "busbw": P.gbps(b.busbw_gbps),
+            "spread": f"{P.gbps(b.busbw_min_gbps)}-{P.gbps(b.busbw_max_gbps)} GB/s",
+        }
+        for rank, kind, size, b in raw
+    ]
+    kinds = sorted({k for _, k, _, _ in raw}, key=list(_KIND_COLORS).index)
+    return {
+        "points": points,
+        "kinds": [{"label": P.KIND_LABELS[k], "color": _KIND_COLORS[k]} for k in kinds],
+        "width": width,
+        "height": height,
+        "x_unit": "bytes",
+        "y_unit": "GB/s",
+        "x_ticks": [
+            {"x": (e - x_lo) / (x_hi - x_lo) * width, "label": _bytes_label(10**e)} for e in range(x_lo, x_hi + 1)
+        ],
+        "y_ticks": [{"y": y(top * f / 1.1), "label": P.gbps(top * f / 1.1)} for f in (0.0, 0.25, 0.5, 0.75, 1.0)],
+        "peaks": [{"y": y(p), "label": f"peak {p:g} GB/s: {what}"} for p, what in sorted(peaks, key=str)],
+        "line": P.bandwidth_line(report),
+    }
+
+
+def _bytes_label(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
 # ------------------------------------------------------------------------------------------ findings
 
 
@@ -274,28 +360,41 @@ def evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, bool]]:
 # ----------------------------------------------------------------------------------------- timelines
 
 
-def timelines_view(timelines: dict[int, Timeline], ranks: list[RankMetrics]) -> dict[str, Any]:
-    """Pack each rank's timeline for the page: events grouped per lane, capped to a budget per rank."""
+def timelines_view(
+    timelines: dict[int, Timeline], ranks: list[RankMetrics], findings: list[Finding] | None = None
+) -> dict[str, Any]:
+    """Pack each rank's timeline for the page: events grouped per lane, capped to a budget per rank (over all
+    of its selected steps)."""
     items = sorted(timelines.items())
     budget = max(MIN_EVENTS_RANK, min(MAX_EVENTS_RANK, MAX_EVENTS_TOTAL // max(len(items), 1)))
-    packed = [pack_timeline(rank, tl, budget) for rank, tl in items]
+    packed = [pack_timeline(rank, tl, budget, findings or []) for rank, tl in items]
     have = [p["rank"] for p in packed]
     worst = next((r for r in P.worst_first(ranks) if r.overlap() is not None), None)
     initial = worst.rank if worst is not None and worst.rank in have else (have[0] if have else None)
     return {
-        "ranks": [{"rank": p["rank"], "step": p["step"], "events": p["n"], "omitted": p["omitted"]} for p in packed],
+        "ranks": [
+            {
+                "rank": p["rank"],
+                "step": p["step"],
+                "steps": [s["step"] for s in p["steps"]],
+                "events": p["n"],
+                "omitted": p["omitted"],
+            }
+            for p in packed
+        ],
         "data": packed,
         "initial": initial,
         "budget": budget,
     }
 
 
-def pack_timeline(rank: int, tl: Timeline, budget: int) -> dict[str, Any]:
-    """Validate and pack one rank's timeline; keeps communication first, then the longest events."""
+def pack_timeline(rank: int, tl: Timeline, budget: int, findings: list[Finding] | None = None) -> dict[str, Any]:
+    """Validate and pack one rank's timeline; keeps communication first, then the longest events. Each event
+    carries its stream (its lane's) and, for collectives, its size (`b` bytes, `e` elements; -1 unknown)."""
     lanes_in = sorted(tl.lanes, key=lambda ln: LANE_ORDER.get(ln.kind, 9))
     lane_pos = {ln.id: i for i, ln in enumerate(lanes_in)}
     names_in = tl.names
-    rows: list[tuple[int, float, float, str, int | None]] = []
+    rows: list[tuple[int, float, float, str, int | None, int, int]] = []
     for ev in tl.events:
         if len(ev) < 4 or ev[0] not in lane_pos:
             continue
@@ -303,7 +402,7 @@ def pack_timeline(rank: int, tl: Timeline, budget: int) -> dict[str, Any]:
         if start is None or dur is None or dur < 0:
             continue
         name = ev[4] if len(ev) > 4 and isinstance(ev[4], int) and 0 <= ev[4] < len(names_in) else None
-        rows.append((lane_pos[ev[0]], start, dur, str(ev[3]), name))
+        rows.append((lane_pos[ev[0]], start, dur, str(ev[3]), name, _size(ev, 7), _size(ev, 6)))
     omitted = 0
     if len(rows) > budget:
         rows.sort(key=lambda e: (not e[3].startswith("comm"), -e[2]))
@@ -318,16 +417,19 @@ def pack_timeline(rank: int, tl: Timeline, budget: int) -> dict[str, Any]:
         {
             "label": ln.label,
             "kind": ln.kind,
+            "stream": ln.stream,
             "s": [],
             "d": [],
             "c": [],
             "n": [],
+            "b": [],
+            "e": [],
             "maxd": 0.0,
         }
         for ln in lanes_in
     ]
     end = 0.0
-    for lane, start, dur, cls, name in rows:
+    for lane, start, dur, cls, name, nbytes, nelems in rows:
         if cls not in class_idx:
             class_idx[cls] = len(classes)
             classes.append(cls)
@@ -339,6 +441,8 @@ def pack_timeline(rank: int, tl: Timeline, budget: int) -> dict[str, Any]:
         out["d"].append(round(dur, 3))
         out["c"].append(class_idx[cls])
         out["n"].append(name_idx.get(name, -1) if name is not None else -1)
+        out["b"].append(nbytes)
+        out["e"].append(nelems)
         out["maxd"] = max(out["maxd"], round(dur, 3))
         end = max(end, start + dur)
     exposed: list[float] = []
@@ -347,9 +451,41 @@ def pack_timeline(rank: int, tl: Timeline, budget: int) -> dict[str, Any]:
         if a is not None and b is not None and b > a:
             exposed.extend((round(a, 3), round(b, 3)))
             end = max(end, b)
+    steps = []
+    for st in tl.steps:
+        a, b = _num(st.start), _num(st.end)
+        if a is None or b is None or b < a:
+            continue
+        phases = [
+            [name, round(w[0], 3), round(w[1], 3)]
+            for name in ("forward", "backward", "optimizer")
+            if len(w := [x for x in (_num(v) for v in st.phases.get(name, [])) if x is not None]) == 2 and w[1] >= w[0]
+        ]
+        period = [_num(st.period_start), _num(st.period_end)]
+        step_view = {"step": st.step, "start": round(a, 3), "end": round(b, 3), "phases": phases}
+        if period[0] is not None and period[1] is not None and period[1] >= period[0]:
+            step_view["period"] = [round(period[0], 3), round(period[1], 3)]
+        steps.append(step_view)
+        end = max(end, b)
+    host: dict[str, list[Any]] = {"s": [], "d": [], "k": [], "call": [], "f": [], "cost": [], "title": []}
+    titles = [f.title for f in findings or []]
+    t0 = _num(tl.t0) or 0.0
+    for bl in sorted(sorted(tl.host, key=lambda x: -x.cost_us)[:MAX_HOST_RANK], key=lambda x: x.start):
+        a, b = _num(bl.start), _num(bl.end)
+        if a is None or b is None or b < a or bl.kind not in HOST_COLORS:
+            continue
+        host["s"].append(round(a - t0, 3))
+        host["d"].append(round(b - a, 3))
+        host["k"].append(bl.kind)
+        host["call"].append(bl.call)
+        host["f"].append(bl.finding if 0 <= bl.finding < len(titles) else -1)
+        host["cost"].append(_num(round(bl.cost_us, 3)))
+        host["title"].append(titles[bl.finding] if 0 <= bl.finding < len(titles) else bl.rule)
     return {
         "rank": rank,
         "step": tl.step,
+        "steps": steps,
+        "host": host,
         "t0": _num(tl.t0),
         "lanes": lanes,
         "classes": classes,
@@ -359,6 +495,12 @@ def pack_timeline(rank: int, tl: Timeline, budget: int) -> dict[str, Any]:
         "n": len(rows),
         "omitted": omitted,
     }
+
+
+def _size(ev: list[Any], i: int) -> int:
+    """Column `i` of an event row as a size, -1 when absent or not a non-negative integer."""
+    v = ev[i] if len(ev) > i else -1
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else -1
 
 
 def _classes_in(timelines: dict[str, Any]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from overlapcheck.model import ALL, Report
+from overlapcheck.model import Report
 from overlapcheck.report import present as P
 
 if TYPE_CHECKING:
@@ -34,29 +34,29 @@ class MarkdownRenderer:
         v = P.verdict(report)
         mark = {"good": "✅", "warn": "⚠️", "bad": "❌", "none": "ℹ️"}[v.level]
         lines = [f"### {mark} overlapcheck: {cell(v.headline)}", "", cell(v.sentence()), ""]
+        lines += [f"> ⚠️ capture: {cell(note)}" for note in P.capture_notes(report)]
+        lines += [""] if P.capture_notes(report) else []
         rows = P.kind_rows(report)
         if rows:
-            lines += [
-                "| collective | kernels/step | overlap | worst overlap (rank) | exposed ms/step | total ms/step |",
-                "|---|---:|---:|---:|---:|---:|",
-            ]
+            columns = P.kind_columns(report)
+            lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
             for row in rows:
-                lines.append(
-                    f"| {cell(row.label)} | {row.count_per_step:.1f} | {P.pct(row.overlap)} | "
-                    f"{P.pct(row.worst_overlap)} ({row.worst_rank}) | {P.ms(row.exposed_us_per_step)} | "
-                    f"{P.ms(row.time_us_per_step)} |"
-                )
-            lines += ["", "Per step: the mean over a rank's profiled steps; each column: the median rank.", ""]
+                cells = P.kind_cells(row)
+                lines.append("| " + " | ".join(cell(cells[col]) for col in columns) + " |")
+            caption = P.kind_caption(report)
+            lines += ["", cell(caption[0].upper() + caption[1:]) + ".", ""]
         worst = P.worst_first(report.ranks)[:5]
         if len(report.ranks) > 1 and worst:
             lines += [
-                "| rank (lowest overlap first) | overlap | exposed ms/step | exposed % of step |",
-                "|---|---:|---:|---:|",
+                "| rank (lowest overlap first) | " + " | ".join(P.RANK_COLUMNS) + " |",
+                "|---|" + "---:|" * len(P.RANK_COLUMNS),
             ]
             for r in worst:
-                exposed = P.ms(P.per_step(r, ALL, "exposed_us"))
-                lines.append(f"| {r.rank} | {P.pct(r.overlap())} | {exposed} | {P.pct(r.exposed_share)} |")
-            lines.append("")
+                cells = P.rank_cells(r)
+                lines.append(f"| {r.rank} | " + " | ".join(cells[col] for col in P.RANK_COLUMNS) + " |")
+            lines += ["", cell(P.RANK_CAPTION[0].upper() + P.RANK_CAPTION[1:]) + ".", ""]
+        if outside := P.outside_steps_line(report):
+            lines += [cell(outside[0].upper() + outside[1:]) + ".", ""]
         if report.findings:
             lines.append(f"**Findings** ({cell(P.explained(report) or 'ranked by cost')}):")
             lines.append("")

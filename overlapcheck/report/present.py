@@ -124,6 +124,56 @@ def worst_first(ranks: Sequence[RankMetrics]) -> list[RankMetrics]:
     return sorted(ranks, key=lambda r: (r.overlap() is None, r.overlap() or 0.0, r.rank or 0))
 
 
+def mean_step_us(rank: RankMetrics) -> float:
+    """The rank's step time per profiled step: the mean step period (docs/metrics.md), the span without steps."""
+    return rank.step_time_us / steps_of(rank)
+
+
+def compute_per_step(rank: RankMetrics) -> float:
+    """Compute launched per profiled step (µs): the mean of the steps' own compute, the whole trace without steps."""
+    return sum(s.compute_us for s in rank.steps) / len(rank.steps) if rank.steps else rank.compute_us
+
+
+# the per-rank columns every output shows (terminal, Markdown, HTML), with their units, and their texts
+RANK_COLUMNS = ("overlap", "exposed ms/step", "exposed % of step", "step ms/step", "idle ms total")
+RANK_CAPTION = (
+    "per step: the mean over the rank's profiled steps; step: the step's period, from the end of the previous "
+    "step's GPU work to the end of its own; idle: total over the trace"
+)
+
+
+def rank_cells(rank: RankMetrics) -> dict[str, str]:
+    """The texts of RANK_COLUMNS for one rank, identical in every output."""
+    return {
+        "overlap": pct(rank.overlap()),
+        "exposed ms/step": ms(per_step(rank, ALL, "exposed_us")),
+        "exposed % of step": pct(rank.exposed_share),
+        "step ms/step": ms(mean_step_us(rank)),
+        "idle ms total": ms(rank.idle_us),
+    }
+
+
+def outside_steps_line(report: Report) -> str | None:
+    """What the ranks ran outside their profiled steps (docs/metrics.md), when any did: counted in the
+    whole-trace numbers, in no step. Values of the median rank among those that have any (the lower median,
+    so that every value is one rank's)."""
+    having = [r.outside_steps for r in report.ranks if r.outside_steps is not None and r.outside_steps.count]
+    if not having:
+        return None
+    before = [r.before_first_step.count if r.before_first_step else 0 for r in report.ranks if r.outside_steps]
+    n = len(report.ranks)
+    which = f"{len(having)} of {n} ranks" if len(having) != n else f"all {n} rank{'s' if n != 1 else ''}"
+    count = statistics.median_low(o.count for o in having)
+    comm = statistics.median_low(o.collectives[ALL].count for o in having)
+    exposed = statistics.median_low(o.collectives[ALL].exposed_us for o in having)
+    return (
+        f"outside the profiled steps ({which}, median): {count} GPU activities, {statistics.median_low(before)} "
+        "of them before the first step (launched before it or without a launch in the trace: the tail of the "
+        f"unprofiled iteration before it), {comm} communication kernels, {ms(exposed)} ms exposed in total; "
+        "counted in the whole-trace numbers, in no step"
+    )
+
+
 @dataclass(frozen=True)
 class KindRow:
     """One collective kind across ranks: medians per step, and the worst rank's overlap."""
@@ -137,6 +187,8 @@ class KindRow:
     exposed_us_per_step: float
     time_us_per_step: float
     hidden_us_per_step: float
+    mb_per_step: float | None = None  # bytes per step (1e6), median rank; None: sizes unknown
+    busbw_gbps: float | None = None  # at the transfer time across ranks, else the median rank's own kernels
 
 
 def kind_rows(report: Report) -> list[KindRow]:
@@ -159,9 +211,92 @@ def kind_rows(report: Report) -> list[KindRow]:
                 exposed_us_per_step=median(per_step(r, kind, "exposed_us") for r in having) or 0.0,
                 time_us_per_step=median(per_step(r, kind, "time_us") for r in having) or 0.0,
                 hidden_us_per_step=median(per_step(r, kind, "overlapped_us") for r in having) or 0.0,
+                **_bandwidth_of(report, kind),
             )
         )
     return rows
+
+
+def _bandwidth_of(report: Report, kind: str) -> dict[str, float | None]:
+    """MB/step and busbw of one kind (docs/metrics.md, Bandwidth); `all` sums the bytes and has no busbw."""
+    kinds = [kind] if kind != ALL else list(COLLECTIVE_KINDS)
+    sized = [r for r in report.ranks if any(k in r.bandwidth for k in kinds)]
+    if not sized:
+        return {}
+    mb = median(sum(r.bandwidth[k].bytes_per_step for k in kinds if k in r.bandwidth) for r in sized)
+    busbw = None
+    if kind != ALL:
+        job = report.bandwidth.kinds.get(kind) if report.bandwidth is not None else None
+        busbw = job.busbw_gbps if job is not None and job.busbw_gbps is not None else None
+        if busbw is None:
+            busbw = median(r.bandwidth[kind].busbw_gbps for r in sized)
+    return {"mb_per_step": mb / 1e6 if mb is not None else None, "busbw_gbps": busbw}
+
+
+def gbps(value: float | None) -> str:
+    """A bandwidth in GB/s (1e9 bytes/s): 3 significant digits; '-' when unknown."""
+    if value is None:
+        return "-"
+    if value < 0.01:
+        return "<0.01"
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def mbytes(value: float | None) -> str:
+    """Bytes per step in MB (1e6 bytes); '-' when unknown."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 1000 else f"{value:,.0f}"
+
+
+def bandwidth_line(report: Report) -> str | None:
+    """One line on hideability: the exposed time no schedule could hide at the measured bandwidth (the floor)
+    against the part a better schedule could, and the peak used (docs/metrics.md, Hideability)."""
+    bw = report.bandwidth
+    if bw is None or not bw.hideability:
+        return None
+    exposed = bw.floor_us + bw.schedulable_us
+    if exposed <= 0:
+        return None
+    line = (
+        f"hideability: of {ms(exposed)} ms/step exposed, {ms(bw.floor_us)} ms is the bandwidth floor (no schedule "
+        f"hides it at the measured busbw) and {ms(bw.schedulable_us)} ms a better schedule could hide"
+    )
+    peaks = sorted({f"{k.peak_gbps:g} GB/s ({k.peak})" for k in bw.kinds.values() if k.peak_gbps is not None})
+    if peaks:
+        line += "; peak: " + ", ".join(peaks)
+    return line
+
+
+# the per-collective columns every output shows, and their texts
+KIND_COLUMNS = ("collective", "kernels/step", "overlap", "worst overlap (rank)", "exposed ms/step", "total ms/step")
+BANDWIDTH_COLUMNS = ("MB/step", "busbw GB/s")  # shown when some collective's message size is known
+
+
+def kind_columns(report: Report) -> tuple[str, ...]:
+    """The per-collective columns of this report: KIND_COLUMNS, plus BANDWIDTH_COLUMNS when it has sizes."""
+    return KIND_COLUMNS + (BANDWIDTH_COLUMNS if any(r.bandwidth for r in report.ranks) else ())
+
+
+def kind_cells(row: KindRow) -> dict[str, str]:
+    """The texts of KIND_COLUMNS for one collective kind, identical in every output."""
+    return {
+        "collective": row.label,
+        "kernels/step": f"{row.count_per_step:.1f}".removesuffix(".0"),
+        "overlap": pct(row.overlap),
+        "worst overlap (rank)": f"{pct(row.worst_overlap)} ({row.worst_rank})",
+        "exposed ms/step": ms(row.exposed_us_per_step),
+        "total ms/step": ms(row.time_us_per_step),
+        "MB/step": mbytes(row.mb_per_step),
+        "busbw GB/s": gbps(row.busbw_gbps),
+    }
+
+
+def kind_caption(report: Report) -> str:
+    """What 'per step' and the columns of the per-collective table mean."""
+    steps = sorted(len(r.steps) for r in report.ranks)[len(report.ranks) // 2] if report.ranks else 0
+    over = f"the mean over a rank's {steps} profiled steps" if steps else "each rank's whole trace (no steps)"
+    return f"per step: {over}; each column: the median rank, except worst"
 
 
 # -- the verdict -----------------------------------------------------------------------------------------------
@@ -229,9 +364,16 @@ def verdict(report: Report) -> Verdict:
         worst_exposed_share=share.max if share else None,
         worst_share_rank=share.worst_rank if share else None,
         exposed_us_per_step=median(per_step(r, ALL, "exposed_us") for r in having),
-        step_us=median(r.step_time_us / steps_of(r) for r in report.ranks),
+        step_us=median(mean_step_us(r) for r in report.ranks),
         top_finding=report.findings[0] if report.findings else None,
     )
+
+
+def capture_notes(report: Report) -> list[str]:
+    """What `overlapcheck run` recorded about the capture in run.json `notes`: ranks whose trace misses steps
+    of the window (the job ended inside it), ranks without a trace, and why."""
+    run = report.run or {}
+    return [str(n) for n in run.get("notes") or [] if isinstance(n, str)]
 
 
 def stragglers(report: Report) -> list[Finding]:
@@ -289,20 +431,29 @@ def explained(report: Report) -> str | None:
 
 __all__ = [
     "COLLECTIVE_KEYS",
+    "KIND_COLUMNS",
     "KIND_LABELS",
     "KIND_SHORT",
+    "RANK_CAPTION",
+    "RANK_COLUMNS",
     "KindRow",
     "Verdict",
     "combined_patch",
+    "compute_per_step",
     "config_patch",
     "duration",
     "env_lines",
     "fix_lines",
+    "kind_caption",
+    "kind_cells",
     "kind_rows",
+    "mean_step_us",
     "ms",
+    "outside_steps_line",
     "pct",
     "per_step",
     "present_kinds",
+    "rank_cells",
     "rank_ranges",
     "safe",
     "safe_line",

@@ -34,14 +34,22 @@ class TerminalRenderer:
     def renderables(self, report: Report) -> list[RenderableType]:
         out: list[RenderableType] = []
         if report.ranks:
-            out += [_verdict(report), _collective_table(report), _rank_table(report)]
+            out.append(_verdict(report))
+        out += [Text(f"capture: {P.safe_line(note)}", style="bold yellow") for note in P.capture_notes(report)]
+        if report.ranks:
+            out += [_collective_table(report), _rank_table(report)]
+            if line := P.outside_steps_line(report):
+                out.append(Text(P.safe_line(line)))
+            if line := P.bandwidth_line(report):
+                out.append(Text(P.safe_line(line)))
         if report.findings:
             out.append(_findings(report))
         for note in sorted({note for r in report.ranks for note in r.notes}):
             out.append(Text(f"note: {P.safe(note)}", style="dim"))
         for err in report.errors:
             out.append(Text.assemble(("error: ", "red"), P.safe(err.error)))
-        return out
+        # each line on its own: rich prints consecutive Text objects of one print() call on one line
+        return [Group(r) if isinstance(r, Text) else r for r in out]
 
 
 def _overlap_text(value: float | None) -> Text:
@@ -58,22 +66,14 @@ def _verdict(report: Report) -> Panel:
 
 def _collective_table(report: Report) -> Table:
     table = Table(title="Per collective (median rank)", title_justify="left")
-    columns = ("collective", "kernels/step", "overlap", "worst overlap (rank)", "exposed ms/step", "total ms/step")
+    columns = P.kind_columns(report)
     for col in columns:
         table.add_column(col, justify="left" if col == "collective" else "right")
     for row in P.kind_rows(report):
-        table.add_row(
-            row.label,
-            f"{row.count_per_step:.1f}".removesuffix(".0"),
-            _overlap_text(row.overlap),
-            f"{P.pct(row.worst_overlap)} ({row.worst_rank})",
-            P.ms(row.exposed_us_per_step),
-            P.ms(row.time_us_per_step),
-            style="bold" if row.kind == ALL else None,
-        )
-    steps = sorted(len(r.steps) for r in report.ranks)[len(report.ranks) // 2]
-    over = f"the mean over a rank's {steps} profiled steps" if steps else "each rank's whole trace (no steps)"
-    table.caption = f"per step: {over}; each column: the median rank, except worst"
+        cells: list[RenderableType] = [P.kind_cells(row)[col] for col in columns]
+        cells[columns.index("overlap")] = _overlap_text(row.overlap)
+        table.add_row(*cells, style="bold" if row.kind == ALL else None)
+    table.caption = P.kind_caption(report)
     return table
 
 
@@ -85,21 +85,19 @@ def _rank_table(report: Report) -> Table:
         title = f"Per rank: the {P.MAX_RANK_ROWS} with the lowest overlap of {len(ranks)}"
     kinds = P.present_kinds(ranks)
     table = Table(title=title, title_justify="left")
-    header = ("rank", "overlap", *(f"{P.KIND_SHORT[k]} overlap" for k in kinds))
-    header += ("exposed ms/step", "exposed % of step", "step ms", "idle ms total")
+    header = ("rank", "overlap", *(f"{P.KIND_SHORT[k]} overlap" for k in kinds), *P.RANK_COLUMNS[1:])
     for col in header:
         table.add_column(col, justify="left" if col == "rank" else "right")
     for r in shown:
         c = r.collectives
+        cells = P.rank_cells(r)
         table.add_row(
             str(r.rank),
             _overlap_text(c[ALL].overlap),
             *(_overlap_text(c[k].overlap) for k in kinds),
-            P.ms(P.per_step(r, ALL, "exposed_us")),
-            P.pct(r.exposed_share),
-            P.ms(r.step_time_us / P.steps_of(r)),
-            P.ms(r.idle_us),
+            *(cells[col] for col in P.RANK_COLUMNS[1:]),
         )
+    table.caption = P.RANK_CAPTION
     return table
 
 

@@ -10,7 +10,7 @@ from overlapcheck.errors import UserError
 from overlapcheck.simulate.config import SimConfig
 from overlapcheck.simulate.scenarios import CAUSES, INHERENT, build_config
 from overlapcheck.simulate.sim import BASE_TIME_NS, TS_ORIGIN_US, simulate
-from overlapcheck.simulate.truth import mean_step_time, set_truth
+from overlapcheck.simulate.truth import bandwidth_truth, mean_step_time, set_truth
 from overlapcheck.simulate.writer import write_json, write_trace
 
 TRUTH_SCHEMA = "overlapcheck.truth/1"
@@ -75,6 +75,7 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
         "inherent": cause_costs(cfg, [r for r in INHERENT if r not in causes], step_us, costs),
         "free_comm_us": free_comm(cfg, step_us) if costs else None,
         "ranks": ranks,
+        "bandwidth": bandwidth_truth(result),
     }
     return result, doc
 

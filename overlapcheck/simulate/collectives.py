@@ -54,7 +54,12 @@ class Fabric:
             if kind in self.cfg.free_collectives:
                 us = 0.0
             self.calls[key] = Collective(
-                pg.name, seq, kind, len(pg.ranks), us * jitter(self.cfg.seed, "coll", pg.name, seq, spread=0.04)
+                pg.name,
+                seq,
+                kind,
+                len(pg.ranks),
+                us * jitter(self.cfg.seed, "coll", pg.name, seq, spread=0.04),
+                nbytes=total_bytes,
             )
         coll = self.calls[key]
         if coll.kind != kind:

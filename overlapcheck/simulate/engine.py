@@ -29,6 +29,7 @@ class Collective:
     size: int  # ranks in the group
     transfer_us: float
     ops: dict[int, GpuOp] = field(default_factory=dict)
+    nbytes: float = 0.0  # the full buffer (nccl-tests size): gathered / unreduced bytes
 
 
 @dataclass(eq=False)

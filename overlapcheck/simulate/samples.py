@@ -12,7 +12,12 @@ from overlapcheck.simulate.scenarios import PRESETS
 # set name -> (scenario, options); the small sets use 2 nodes x 1 GPU to keep the folder small, except where
 # the planted cause needs more GPUs per node (hpZ separates the communicators only with 2 or more)
 SMALL = {"nodes": 2, "gpus_per_node": 1}
-OWN_SIZE = {"seed-5201": {}, "healthy": {}, "same-communicator": {"nodes": 2, "gpus_per_node": 2}}
+OWN_SIZE = {
+    "seed-5201": {},
+    "healthy": {},
+    "same-communicator": {"nodes": 2, "gpus_per_node": 2},
+    "degraded-network": {},  # 2x4: the slow network must dominate the exposed time (2x1 also has schedule waits)
+}
 SETS: dict[str, tuple[str, dict]] = {name: (name, OWN_SIZE.get(name, SMALL)) for name in PRESETS}
 
 

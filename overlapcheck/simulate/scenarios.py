@@ -95,6 +95,12 @@ PRESETS: dict[str, Preset] = {
         {"prefetch_bucket_size": 0},
         ("allgather-not-prefetched",),
     ),
+    "degraded-network": Preset(
+        "the healthy job on a network 6x slower than it should be (a missing NCCL_IB_HCA port, no GPUDirect "
+        "RDMA): every collective moves its bytes slowly, schedules and syncs are fine",
+        {"nodes": 2, "gpus_per_node": 4, "model.layers": 6, "model.micro_batch": 4, "comm_slowdown": 6.0},
+        ("bandwidth-bound",),
+    ),
     "clock-skew": Preset(
         "healthy job with node clocks 5 ms apart (per-rank metrics must not change)", {"clock_skew_us": 5000.0}
     ),
@@ -125,6 +131,22 @@ def _hpz_fix(cfg: SimConfig) -> dict[str, Any]:
     if cfg.gpus_per_node < 2:
         return {}
     return {"config": {"zero_optimization.zero_hpz_partition_size": cfg.gpus_per_node}}
+
+
+def _bandwidth_fix(cfg: SimConfig) -> dict[str, Any]:
+    """Fewer bytes (ZeRO++ quantized weights and gradients, hpZ gathers inside the node when the job has several
+    nodes of several GPUs), more compute per byte (twice the micro-batch), bf16 communication instead of fp32.
+    The network itself is what the counterfactual heals; no config key does."""
+    config: dict[str, Any] = {
+        "zero_optimization.zero_quantized_weights": True,
+        "zero_optimization.zero_quantized_gradients": True,
+    }
+    if cfg.gpus_per_node > 1 and cfg.nodes > 1:
+        config["zero_optimization.zero_hpz_partition_size"] = cfg.gpus_per_node
+    config["train_micro_batch_size_per_gpu"] = cfg.model.micro_batch * 2
+    if cfg.communication_data_type == "fp32":
+        config["communication_data_type"] = "bf16"
+    return {"config": config}
 
 
 CAUSES: dict[str, Cause] = {
@@ -161,6 +183,7 @@ CAUSES: dict[str, Cause] = {
     ),
     "epilogue-sync": Cause(lambda cfg: {"epilogue_sync": False}, lambda cfg: {}),
     "fetch-throttle": Cause(lambda cfg: {"fetch_event_throttle": False}, lambda cfg: {}),
+    "bandwidth-bound": Cause(lambda cfg: {"comm_slowdown": 1.0}, _bandwidth_fix),
     "allgather-not-prefetched": Cause(
         lambda cfg: {"prefetch_bucket_size": 50_000_000},
         lambda cfg: {"config": {"zero_optimization.stage3_prefetch_bucket_size": 50_000_000}},

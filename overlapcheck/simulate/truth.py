@@ -123,32 +123,53 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
         run.span(ev.ts, ev.ts + ev.dur) for ev in run.cpu if ev.cat == "cpu_op" and ev.name.startswith(BACKWARD_OP)
     ]
     steps: list[dict[str, Any]] = []
-    for ev in run.cpu:
-        if ev.cat != "user_annotation" or not ev.name.startswith("ProfilerStep#"):
-            continue
-        ts, dur = run.span(ev.ts, ev.ts + ev.dur)
-        mine = [a for a in acts if ts <= a[4] <= ts + dur]
+    marks = sorted(
+        (run.span(ev.ts, ev.ts + ev.dur), ev.name)
+        for ev in run.cpu
+        if ev.cat == "user_annotation" and ev.name.startswith("ProfilerStep#")
+    )
+    owned = [[a for a in acts if ts <= a[4] <= ts + dur] for (ts, dur), _ in marks]
+    in_steps = {id(a) for mine in owned for a in mine}
+    # periods (docs/metrics.md): from the end of the GPU work of the step and every earlier one; the first step
+    # with work starts at its first kernel
+    first = next((mine for mine in owned if mine), [])
+    end = min((a[2] for a in first if a[0] in ("compute", "comm")), default=min((a[2] for a in first), default=0.0))
+    for ((ts, dur), name), mine in zip(marks, owned, strict=True):
         start = min((a[2] for a in mine), default=ts)
         duration = (max(a[3] for a in mine) - start) if mine else dur
+        if first:
+            period_start = end
+            end = max([end, *(a[3] for a in mine)])
+            period = end - period_start
+        else:
+            period_start, period = ts, dur
         colls = split([(k, s, e) for c, k, s, e, _ in mine if c == "comm"], compute)
         steps.append(
             {
-                "step": int(ev.name.split("#", 1)[1]),
+                "step": int(name.split("#", 1)[1]),
                 "start_us": _r(start),
                 "duration_us": _r(duration),
                 "cpu_duration_us": _r(dur),
                 "compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in mine if c == "compute"]))),
-                "exposed_share": (colls["all"]["exposed_us"] / duration) if duration > 0 else None,
+                "exposed_share": (colls["all"]["exposed_us"] / period)
+                if period > 0 and colls["all"]["count"]
+                else None,
                 "collectives": colls,
                 "memcpy": copies([(s, e) for c, _, s, e, _ in mine if c == "memcpy"], compute, comm_all),
                 "memset": copies([(s, e) for c, _, s, e, _ in mine if c == "memset"], compute, comm_all),
                 "phases": phases(mine, compute, [(a, a + d) for a, d in autograd if ts <= a <= ts + dur]),
+                "period_start_us": _r(period_start),
+                "period_us": _r(period),
             }
         )
     span = (max(a[3] for a in acts) - min(a[2] for a in acts)) if acts else 0.0
     busy = length(merge([(s, e) for _, _, s, e, _ in acts]))
-    step_time = sum(s["duration_us"] for s in steps) if steps else span
+    step_time = sum(s["period_us"] for s in steps) if steps else span
     colls = split(comm, compute)
+    step_exposed = sum(s["collectives"]["all"]["exposed_us"] for s in steps) if steps else colls["all"]["exposed_us"]
+    first_cpu = marks[0][0][0] if marks else 0.0
+    outside = [a for a in acts if id(a) not in in_steps]
+    before = [a for a in outside if a[4] < first_cpu]
     return {
         "rank": run.rank,
         "source": source,
@@ -161,11 +182,27 @@ def rank_truth(run: RankRun, source: str) -> dict[str, Any]:
         "compute_us": _r(length(compute)),
         "idle_us": _r(span - busy),
         "step_time_us": _r(step_time),
-        "exposed_share": (colls["all"]["exposed_us"] / step_time) if step_time > 0 else None,
+        "exposed_share": (step_exposed / step_time) if step_time > 0 else None,
         "collectives": colls,
         "memcpy": copies([(s, e) for c, _, s, e, _ in acts if c == "memcpy"], compute, comm_all),
         "memset": copies([(s, e) for c, _, s, e, _ in acts if c == "memset"], compute, comm_all),
         "steps": steps,
+        "before_first_step": _outside(before, compute, comm_all) if steps else None,
+        "outside_steps": _outside(outside, compute, comm_all) if steps else None,
+    }
+
+
+def _outside(
+    acts: list[tuple[str, str, float, float, float]], compute: Intervals, comm_all: Intervals
+) -> dict[str, Any]:
+    """The OUTSIDE object (docs/report-schema.md) of the activities of no step."""
+    return {
+        "count": len(acts),
+        "busy_us": _r(length(merge([(s, e) for _, _, s, e, _ in acts]))),
+        "compute_us": _r(length(merge([(s, e) for c, _, s, e, _ in acts if c == "compute"]))),
+        "collectives": split([(k, s, e) for c, k, s, e, _ in acts if c == "comm"], compute),
+        "memcpy": copies([(s, e) for c, _, s, e, _ in acts if c == "memcpy"], compute, comm_all),
+        "memset": copies([(s, e) for c, _, s, e, _ in acts if c == "memset"], compute, comm_all),
     }
 
 
@@ -181,3 +218,53 @@ def set_truth(result: SimResult, sources: list[str]) -> list[dict[str, Any]]:
 def mean_step_time(result: SimResult) -> float:
     """Mean over ranks of the step period (sim.step_period): the cost unit of causes."""
     return sum(r.period_us for r in result.ranks) / len(result.ranks)
+
+
+def _bus_factor(kind: str, n: int) -> float:
+    """nccl-tests PERFORMANCE.md: busbw = algbw x 2(n-1)/n (all-reduce), x (n-1)/n (reduce-scatter, all-gather)."""
+    return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
+
+
+def bandwidth_truth(result: SimResult) -> dict[str, Any]:
+    """Per collective kind, over the collectives issued inside a profiled step on every rank of their group: the
+    bytes per step and rank (mean over ranks), and busbw = size x factor / transfer time, where the transfer time
+    is the shortest duration of the collective over its ranks as written in the traces (GB/s = 1e9 bytes/s);
+    median, min and max over the collectives."""
+    seen: dict[tuple[str, int], tuple[Any, list[float]]] = {}
+    per_rank_bytes: dict[str, list[float]] = {}
+    for run in result.ranks:
+        marks = sorted(
+            run.span(ev.ts, ev.ts + ev.dur)
+            for ev in run.cpu
+            if ev.cat == "user_annotation" and ev.name.startswith("ProfilerStep#")
+        )
+        mine: dict[str, float] = {}
+        for op in run.gpu:
+            if op.cls != "comm" or op.coll is None:
+                continue
+            launch = run.ts(op.launch_ts)
+            if not any(ts <= launch <= ts + dur for ts, dur in marks):
+                continue
+            _, dur = run.span(op.start_time, op.end_time)
+            seen.setdefault((op.coll.pg, op.coll.seq), (op.coll, []))[1].append(dur)
+            mine[op.coll.kind] = mine.get(op.coll.kind, 0.0) + op.coll.nbytes
+        for kind, total in mine.items():
+            per_rank_bytes.setdefault(kind, []).append(total / max(1, len(marks)))
+    out: dict[str, Any] = {}
+    for kind in sorted(per_rank_bytes):
+        bws = sorted(
+            c.nbytes * _bus_factor(kind, c.size) / min(durs) * 1e6 / 1e9
+            for c, durs in seen.values()
+            if c.kind == kind and len(durs) == c.size and min(durs) > 0 and c.size > 1 and c.nbytes > 0
+        )
+        if not bws:
+            continue
+        mid = len(bws) // 2
+        out[kind] = {
+            "collectives": len(bws),
+            "bytes_per_step": round(sum(per_rank_bytes[kind]) / len(per_rank_bytes[kind]), 3),
+            "busbw_gbps": bws[mid] if len(bws) % 2 else (bws[mid - 1] + bws[mid]) / 2,
+            "busbw_min_gbps": bws[0],
+            "busbw_max_gbps": bws[-1],
+        }
+    return out

@@ -21,6 +21,7 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     in_size: int | None = msgspec.field(default=None, name="In msg size")
     out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    out_size: int | None = msgspec.field(default=None, name="Out msg size")
     group_size: int | None = msgspec.field(default=None, name="Group size")
     dtype: str | None = None
     name: str | None = None  # thread_name / process_name metadata

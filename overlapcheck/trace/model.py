@@ -59,6 +59,8 @@ GPU_COLUMNS = {
     "nelems": np.int64,
     "dtype": np.int32,
     "nbytes": np.int64,
+    "out_nelems": np.int64,  # a collective's `Out msg nelems` (`Out msg size`), -1 when absent
+    "group": np.int32,  # a collective's `Group size`, -1 when absent
 }
 RUNTIME_COLUMNS = {
     "start": np.float64,
@@ -337,7 +339,7 @@ class ModelBuilder:
         else:
             cls = C.MEMCPY if family == _MEMCPY else C.MEMSET
         if args is None:
-            return (ts, end, _stream_of(None, ev.tid), -1, -1, cls, coll, self.intern(name), -1, -1, -1, -1)
+            return (ts, end, _stream_of(None, ev.tid), -1, -1, cls, coll, self.intern(name), -1, -1, -1, -1, -1, -1)
         intern = self.intern
         pg_value = args.pg_name if args.pg_name is not None else args.pg_id
         pg = intern(str(pg_value)) if pg_value is not None else -1
@@ -358,6 +360,8 @@ class ModelBuilder:
             n if n is not None else -1,
             dtype,
             args.nbytes if args.nbytes is not None else -1,
+            out_n if (out_n := args.out_nelems if args.out_nelems is not None else args.out_size) is not None else -1,
+            args.group_size if type(args.group_size) is int else -1,
         )
 
     def part(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.analysis.activities import launch_times, step_of
+from overlapcheck.analysis.activities import launch_steps, launch_times, step_of
 from overlapcheck.diagnose.facts import concurrency as _concurrency
 from overlapcheck.diagnose.facts import hostsyncs as _hostsyncs
 from overlapcheck.diagnose.facts import stalls as _stalls
@@ -50,7 +50,7 @@ class RankFacts:
 
     @cached_property
     def step_time_us(self) -> float:
-        """Mean GPU step time (the whole span when the trace has no steps)."""
+        """Mean step period (docs/metrics.md; the whole span when the trace has no steps)."""
         return float(self.metrics.step_time_us or 0.0) / self.n_steps
 
     def step_of(self, times: np.ndarray) -> np.ndarray:
@@ -83,7 +83,9 @@ class RankFacts:
 
     @cached_property
     def gpu_step(self) -> np.ndarray:
-        return self.step_of(self.launch)
+        """The step of each GPU activity, as the metrics attribute it: by its launch; -1 when the launch is in no
+        step or not in the trace (an activity the previous, unprofiled iteration left running)."""
+        return launch_steps(self.model) if len(self.gpu) else np.zeros(0, dtype=np.int64)
 
     @cached_property
     def step_rows(self) -> dict[int, np.ndarray]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from overlapcheck.analysis.bandwidth import group_sizes, message_bytes
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import finding
 from overlapcheck.job import JobContext
@@ -46,13 +47,16 @@ def collective_signature(view: RankFacts) -> CollectiveSignature | None:
         exposed=np.round(exposed, 4).tolist(),
         in_step=(view.gpu_step[idx] >= 0).tolist(),
         steps=view.n_steps,
+        bytes=message_bytes(view.model)[idx].tolist(),
+        group=group_sizes(view.model)[idx].tolist(),
     )
 
 
 def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     """The rank that is last to arrive at most collectives. Its cost is the compute time per step it needs beyond
-    the median rank (everyone waits that long for it); without per-step compute, the median over the other
-    ranks of the exposed time they spend waiting for it."""
+    the median rank (everyone waits that long for it); without per-step compute, or when that excess is below
+    the jitter floor (so its compute is not what makes it late), the median over the other ranks of the
+    exposed time they spend waiting for it."""
     sigs = {r.metrics.rank: r.signature for r in results if r.signature is not None and r.metrics.rank is not None}
     if len(sigs) < 2:
         return []
@@ -84,8 +88,10 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
         return []
     metrics = [r.metrics for r in results]
     extra = _extra_compute(metrics, rank)
-    cost = extra if extra is not None and extra > 0 else statistics.median(others)
     steps = [r.step_time_us / len(r.steps) for r in metrics if r.steps]
+    floor = MIN_STEP_SHARE * statistics.median(steps) if steps else 0.0
+    # extra compute below the jitter floor is not what makes it late (the host or its input is): the others' wait
+    cost = extra if extra is not None and extra > max(floor, 0.0) else statistics.median(others)
     if steps and cost < MIN_STEP_SHARE * statistics.median(steps):
         return []  # one rank is always last by a little: jitter, not a straggler
     host = next((r.host for r in metrics if r.rank == rank), None)

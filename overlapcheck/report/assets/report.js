@@ -87,10 +87,11 @@
   var tip = document.getElementById('oc-tooltip');
   var info = document.getElementById('oc-tl-info');
   var select = document.getElementById('oc-tl-rank');
+  var stepSelect = document.getElementById('oc-tl-step');
   var ctx = canvas.getContext('2d');
   var GUTTER = 150, AXIS = 26, LANE = 26, PAD = 6;
   var cache = {};
-  var tl = null, v0 = 0, v1 = 1, width = 0, height = 0;
+  var tl = null, step = null, v0 = 0, v1 = 1, width = 0, height = 0;
   var drag = null;
 
   function load(rank) {
@@ -105,7 +106,10 @@
     return null;
   }
 
-  function rows() { return tl ? tl.lanes.length + 1 : 1; }  /* row 0: exposed communication */
+  function hasHost() { return !!(tl && tl.host && tl.host.s.length); }
+  /* row 0: exposed communication; rows 1..lanes: GPU lanes; then the host lane when there are blamed events */
+  function rows() { return tl ? tl.lanes.length + 1 + (hasHost() ? 1 : 0) : 1; }
+  function hostRow() { return tl.lanes.length + 1; }
 
   function resize() {
     var dpr = window.devicePixelRatio || 1;
@@ -121,10 +125,17 @@
   function xOf(t) { return GUTTER + (t - v0) / (v1 - v0) * (width - GUTTER - PAD); }
   function tOf(x) { return v0 + (x - GUTTER) / (width - GUTTER - PAD) * (v1 - v0); }
 
-  function fmtTick(t, step) {  /* axis labels: one unit per axis, only the decimals the step needs */
-    var unit = step >= 1e6 ? 1e6 : step >= 1e3 ? 1e3 : 1, name = unit === 1e6 ? ' s' : unit === 1e3 ? ' ms' : ' µs';
-    var digits = Math.max(0, Math.min(3, -Math.floor(Math.log10(step / unit) + 1e-9)));
+  function fmtTick(t, stepUs) {  /* axis labels: one unit per axis, only the decimals the step needs */
+    var unit = stepUs >= 1e6 ? 1e6 : stepUs >= 1e3 ? 1e3 : 1, name = unit === 1e6 ? ' s' : unit === 1e3 ? ' ms' : ' µs';
+    var digits = Math.max(0, Math.min(3, -Math.floor(Math.log10(stepUs / unit) + 1e-9)));
     return (t / unit).toFixed(digits) + name;
+  }
+
+  function fmtBytes(b) {
+    if (b >= 1 << 30) return (b / (1 << 30)).toFixed(2) + ' GiB';
+    if (b >= 1 << 20) return (b / (1 << 20)).toFixed(1) + ' MiB';
+    if (b >= 1 << 10) return (b / (1 << 10)).toFixed(1) + ' KiB';
+    return b + ' B';
   }
 
   function niceStep(span, n) {
@@ -138,6 +149,8 @@
     return lo;
   }
 
+  function origin() { return step ? step.start : 0; }  /* times are shown relative to the selected step */
+
   function draw() {
     ctx.clearRect(0, 0, width, height);
     ctx.font = '11px system-ui, sans-serif';
@@ -149,19 +162,41 @@
       var y = AXIS + r * LANE;
       ctx.fillStyle = r % 2 ? '#ffffff' : '#f7f9fc';
       ctx.fillRect(0, y, width, LANE);
-      ctx.fillStyle = r === 0 ? config.exposedColor : '#42526b';
-      var label = r === 0 ? 'exposed comm' : tl.lanes[r - 1].label + (tl.lanes[r - 1].kind ? '  ' + tl.lanes[r - 1].kind : '');
+      var label;
+      if (r === 0) { ctx.fillStyle = config.exposedColor; label = 'exposed comm'; }
+      else if (hasHost() && r === hostRow()) { ctx.fillStyle = '#7d3c98'; label = 'host (blamed)'; }
+      else { ctx.fillStyle = '#42526b'; label = tl.lanes[r - 1].label + (tl.lanes[r - 1].kind ? '  ' + tl.lanes[r - 1].kind : ''); }
       ctx.fillText(label.length > 24 ? label.slice(0, 23) + '…' : label, 8, y + LANE / 2);
     }
+    ctx.save();
+    ctx.beginPath(); ctx.rect(GUTTER, 0, plotW, height); ctx.clip();
+    /* phase bands: a strip under the axis labels and a light tint over the lanes; step boundaries */
+    var steps = tl.steps || [];
+    for (var si = 0; si < steps.length; si++) {
+      var st = steps[si];
+      if (st.end < v0 || st.start > v1) continue;
+      for (var p = 0; p < st.phases.length; p++) {
+        var ph = st.phases[p], px0 = xOf(ph[1]), pw0 = Math.max(xOf(ph[2]) - px0, 1);
+        ctx.fillStyle = config.phaseColors[ph[0]] || '#eeeeee';
+        ctx.fillRect(px0, AXIS - 7, pw0, 6);
+        ctx.globalAlpha = 0.35;
+        ctx.fillRect(px0, AXIS + LANE, pw0, tl.lanes.length * LANE);
+        ctx.globalAlpha = 1;
+      }
+      ctx.strokeStyle = '#8a97aa';
+      var sx = xOf(st.start);
+      ctx.beginPath(); ctx.moveTo(sx + 0.5, AXIS - 8); ctx.lineTo(sx + 0.5, height); ctx.stroke();
+    }
+    ctx.restore();
     /* axis */
-    var step = niceStep(v1 - v0, Math.max(2, plotW / 110));
+    var tick = niceStep(v1 - v0, Math.max(2, plotW / 110)), o = origin();
     ctx.strokeStyle = '#e6ebf2';
     ctx.fillStyle = '#66758a';
     ctx.textAlign = 'center';
-    for (var t = Math.ceil(v0 / step) * step; t <= v1; t += step) {
-      var x = xOf(t);
-      ctx.beginPath(); ctx.moveTo(x + 0.5, AXIS - 4); ctx.lineTo(x + 0.5, height); ctx.stroke();
-      if (x >= GUTTER - 1 && x < width - 28) ctx.fillText(fmtTick(t, step), x, AXIS / 2);
+    for (var t = Math.ceil((v0 - o) / tick) * tick; t + o <= v1; t += tick) {
+      var x = xOf(t + o);
+      ctx.beginPath(); ctx.moveTo(x + 0.5, AXIS - 1); ctx.lineTo(x + 0.5, height); ctx.stroke();
+      if (x >= GUTTER - 1 && x < width - 28) ctx.fillText(fmtTick(t, tick), x, AXIS / 2 - 3);
     }
     ctx.textAlign = 'left';
     ctx.save();
@@ -174,7 +209,7 @@
       ctx.fillStyle = config.exposedColor;
       ctx.fillRect(x0, AXIS + 4, w, LANE - 8);
       ctx.fillStyle = 'rgba(224, 62, 62, 0.10)';
-      ctx.fillRect(x0, AXIS + LANE, w, height - AXIS - LANE);
+      ctx.fillRect(x0, AXIS + LANE, w, tl.lanes.length * LANE);
     }
     /* kernels; sub-pixel kernels of one colour in the same pixel column are drawn once */
     for (var l = 0; l < tl.lanes.length; l++) {
@@ -183,31 +218,79 @@
       for (; j < lane.s.length && lane.s[j] <= v1; j++) {
         var s = lane.s[j], e = s + lane.d[j];
         if (e < v0) continue;
-        var px = xOf(s), pw = xOf(e) - px;
-        if (pw < 1) {
-          var col = Math.floor(px);
+        var kx = xOf(s), kw = xOf(e) - kx;
+        if (kw < 1) {
+          var col = Math.floor(kx);
           if (col === lastPx && lane.c[j] === lastC) continue;
-          lastPx = col; lastC = lane.c[j]; pw = 1;
+          lastPx = col; lastC = lane.c[j]; kw = 1;
         }
         ctx.fillStyle = config.classColors[tl.classes[lane.c[j]]] || '#9aa5b1';
-        ctx.fillRect(px, y0, pw, h);
-        if (pw > 3) { ctx.fillStyle = 'rgba(255,255,255,0.35)'; ctx.fillRect(px + pw - 1, y0, 1, h); }
+        ctx.fillRect(kx, y0, kw, h);
+        if (kw > 3) { ctx.fillStyle = 'rgba(255,255,255,0.35)'; ctx.fillRect(kx + kw - 1, y0, 1, h); }
+      }
+    }
+    /* host lane: the blamed syncs, waits and late launches (at least 2 px wide, so that each can be hovered) */
+    if (hasHost()) {
+      var H = tl.host, hy = AXIS + hostRow() * LANE + 4;
+      for (var k = 0; k < H.s.length; k++) {
+        if (H.s[k] + H.d[k] < v0 || H.s[k] > v1) continue;
+        var hx = xOf(H.s[k]), hw = Math.max(xOf(H.s[k] + H.d[k]) - hx, 2);
+        ctx.fillStyle = config.hostColors[H.k[k]] || '#7d3c98';
+        ctx.fillRect(hx, hy, hw, LANE - 8);
       }
     }
     ctx.restore();
   }
 
-  function setRank(rank) {
-    tl = load(rank);
-    if (!tl) return;
-    v0 = 0; v1 = Math.max(tl.end, 1);
-    var msg = 'rank ' + tl.rank + (tl.step !== null ? ' · step ' + tl.step : '') + ' · ' +
-      tl.n.toLocaleString() + ' kernels · span ' + fmtUs(tl.end);
+  function stepWindow() {  /* a step opens on its period (docs/metrics.md), its GPU window without one */
+    if (step) {
+      var lo = step.period ? step.period[0] : step.start, hi = step.period ? step.period[1] : step.end;
+      var pad = (hi - lo) * 0.01; v0 = lo - pad; v1 = hi + pad;
+    }
+    else { v0 = 0; v1 = Math.max(tl.end, 1); }
+    if (v1 <= v0) v1 = v0 + 1;
+  }
+
+  function showInfo() {
+    var number = step ? step.step : tl.step;
+    var msg = 'rank ' + tl.rank + (number !== null && number !== undefined ? ' · step ' + number : '') + ' · ' +
+      tl.n.toLocaleString() + ' kernels' + ((tl.steps || []).length > 1 ? ' over ' + tl.steps.length + ' steps' : '') +
+      (step && step.period ? ' · period ' + fmtUs(step.period[1] - step.period[0]) +
+        ' (from the end of the previous step\'s GPU work to the end of its own; its GPU work spans ' +
+        fmtUs(step.end - step.start) + ')' : ' · span ' + fmtUs(step ? step.end - step.start : tl.end));
+    if (hasHost()) msg += ' · ' + tl.host.s.length.toLocaleString() + ' blamed host events';
     if (tl.omitted) msg += ' · ' + tl.omitted.toLocaleString() + ' short kernels not shown (size cap)';
     info.textContent = msg;
-    if (select && select.value !== String(rank)) select.value = String(rank);
+  }
+
+  function setStep(number) {
+    step = null;
+    var steps = tl.steps || [];
+    for (var i = 0; i < steps.length; i++) if (String(steps[i].step) === String(number)) step = steps[i];
+    if (!step && steps.length) step = steps[0];
+    if (stepSelect && step) stepSelect.value = String(step.step);
+    stepWindow();
+    showInfo();
     tip.hidden = true;
+    draw();
+  }
+
+  function setRank(rank, number) {
+    var next = load(rank);
+    if (!next) return;
+    tl = next;
+    if (select && select.value !== String(rank)) select.value = String(rank);
+    if (stepSelect) {
+      stepSelect.replaceChildren();
+      (tl.steps || []).forEach(function (st) {
+        var opt = el('option', null, String(st.step) + (st.step === tl.step ? ' (most exposed)' : ''));
+        opt.value = String(st.step);
+        stepSelect.appendChild(opt);
+      });
+      stepSelect.disabled = !(tl.steps || []).length;
+    }
     resize();
+    setStep(number !== undefined && number !== null ? number : tl.step);
   }
 
   function zoom(factor, atX) {
@@ -219,40 +302,80 @@
     draw();
   }
 
+  function stepOf(t) {
+    var steps = tl.steps || [];
+    for (var i = 0; i < steps.length; i++) if (steps[i].start <= t && t < steps[i].end) return steps[i];
+    return null;
+  }
+
+  function startText(s) {
+    var st = stepOf(s);
+    return st ? 'start ' + fmtUs(s - st.start) + ' into step ' + st.step : 'start ' + fmtUs(s);
+  }
+
   function hit(mx, my) {
-    var row = Math.floor((my - AXIS) / LANE);
-    if (!tl || row < 0 || row >= rows() || mx < GUTTER) return null;
+    if (!tl || mx < GUTTER) return null;
     var t = tOf(mx), tol = (v1 - v0) / (width - GUTTER) * 2;
+    if (my >= AXIS - 8 && my < AXIS) {  /* the phase strip */
+      var st = stepOf(t);
+      if (!st) return null;
+      for (var p = 0; p < st.phases.length; p++) {
+        var ph = st.phases[p];
+        if (ph[1] - tol <= t && t <= ph[2] + tol) return {name: ph[0] + ' phase of step ' + st.step, meta: 'GPU span of the work it issued · ' + startText(ph[1]) + ' · duration ' + fmtUs(ph[2] - ph[1])};
+      }
+      return null;
+    }
+    var row = Math.floor((my - AXIS) / LANE);
+    if (row < 0 || row >= rows()) return null;
     if (row === 0) {
       for (var i = 0; i < tl.exposed.length; i += 2) {
         if (tl.exposed[i] - tol <= t && t <= tl.exposed[i + 1] + tol) {
-          return {name: 'exposed communication', cls: 'no compute beside it', s: tl.exposed[i], d: tl.exposed[i + 1] - tl.exposed[i]};
+          return {name: 'exposed communication', meta: 'no compute beside it · ' + startText(tl.exposed[i]) + ' · duration ' + fmtUs(tl.exposed[i + 1] - tl.exposed[i])};
         }
       }
       return null;
     }
-    var lane = tl.lanes[row - 1];
-    var j = firstIndex(lane.s, t + tol) - 1, best = null;
-    for (var n = 0; j >= 0 && n < 4000 && lane.s[j] >= t - lane.maxd - tol; j--, n++) {
-      if (lane.s[j] - tol <= t && t <= lane.s[j] + lane.d[j] + tol) {
-        if (!best || lane.d[j] < best.d) best = {name: lane.n[j] >= 0 ? tl.names[lane.n[j]] : '(unnamed)',
-          cls: config.classLabels[tl.classes[lane.c[j]]] || tl.classes[lane.c[j]], s: lane.s[j], d: lane.d[j]};
+    if (hasHost() && row === hostRow()) {
+      var H = tl.host, best = -1, htol = tol * 2;
+      for (var k = 0; k < H.s.length; k++) {
+        if (H.s[k] - htol <= t && t <= H.s[k] + H.d[k] + htol && (best < 0 || H.d[k] < H.d[best])) best = k;
       }
+      if (best < 0) return null;
+      return {name: H.call[best], meta: H.k[best] + ' · ' + startText(H.s[best]) + ' · duration ' + fmtUs(H.d[best]) +
+        (H.cost[best] !== null ? ' · cost ' + fmtUs(H.cost[best]) : ''),
+        more: (H.f[best] >= 0 ? 'finding ' + (H.f[best] + 1) + ': ' : '') + H.title[best] + (H.f[best] >= 0 ? ' (click to open)' : ''),
+        finding: H.f[best]};
     }
-    return best;
+    var lane = tl.lanes[row - 1];
+    var j = firstIndex(lane.s, t + tol) - 1, found = -1;
+    for (var n = 0; j >= 0 && n < 4000 && lane.s[j] >= t - lane.maxd - tol; j--, n++) {
+      if (lane.s[j] - tol <= t && t <= lane.s[j] + lane.d[j] + tol && (found < 0 || lane.d[j] < lane.d[found])) found = j;
+    }
+    if (found < 0) return null;
+    var cls = config.classLabels[tl.classes[lane.c[found]]] || tl.classes[lane.c[found]];
+    var meta = cls + ' · duration ' + fmtUs(lane.d[found]) + ' · ' + startText(lane.s[found]) +
+      (lane.stream !== null && lane.stream !== undefined ? ' · stream ' + lane.stream : '');
+    var size = [];
+    if (lane.b && lane.b[found] >= 0) size.push(fmtBytes(lane.b[found]));
+    if (lane.e && lane.e[found] >= 0) size.push(lane.e[found].toLocaleString() + ' elements');
+    return {name: lane.n[found] >= 0 ? tl.names[lane.n[found]] : '(unnamed)', meta: meta,
+      more: size.length ? 'size ' + size.join(', ') : undefined};
   }
 
   function showTip(ev) {
     var rect = canvas.getBoundingClientRect();
     var mx = ev.clientX - rect.left, my = ev.clientY - rect.top;
     var h = hit(mx, my);
+    canvas.style.cursor = h && h.finding !== undefined && h.finding >= 0 ? 'pointer' : '';
     if (!h) { tip.hidden = true; return; }
-    tip.replaceChildren(el('div', 'tt-name', h.name),
-      el('div', 'tt-meta', h.cls + ' · start ' + fmtUs(h.s) + ' · duration ' + fmtUs(h.d)));
+    var parts = [el('div', 'tt-name', h.name), el('div', 'tt-meta', h.meta)];
+    if (h.more) parts.push(el('div', 'tt-meta', h.more));
+    tip.replaceChildren.apply(tip, parts);
     tip.hidden = false;
     var left = Math.min(mx + 14, width - tip.offsetWidth - 4);
     tip.style.left = Math.max(left, 4) + 'px';
-    tip.style.top = (my + 16) + 'px';
+    var below = my + 16;
+    tip.style.top = (below + tip.offsetHeight > height ? Math.max(my - tip.offsetHeight - 8, 0) : below) + 'px';
   }
 
   canvas.addEventListener('wheel', function (ev) {
@@ -261,32 +384,43 @@
     zoom(ev.deltaY < 0 ? 1 / 1.25 : 1.25, ev.clientX - canvas.getBoundingClientRect().left);
   }, {passive: false});
   canvas.addEventListener('mousedown', function (ev) {
-    drag = {x: ev.clientX, v0: v0, v1: v1};
+    drag = {x: ev.clientX, v0: v0, v1: v1, moved: false};
     canvas.classList.add('dragging');
   });
-  window.addEventListener('mouseup', function () { drag = null; canvas.classList.remove('dragging'); });
+  window.addEventListener('mouseup', function () { canvas.classList.remove('dragging'); setTimeout(function () { drag = null; }, 0); });
   window.addEventListener('mousemove', function (ev) {
-    if (!drag) return;
+    if (!drag || !canvas.classList.contains('dragging')) return;
+    if (Math.abs(ev.clientX - drag.x) > 2) drag.moved = true;
     var dt = (ev.clientX - drag.x) / (width - GUTTER - PAD) * (drag.v1 - drag.v0);
     v0 = drag.v0 - dt; v1 = drag.v1 - dt;
     draw();
   });
-  canvas.addEventListener('mousemove', function (ev) { if (!drag) showTip(ev); });
+  canvas.addEventListener('click', function (ev) {
+    if (drag && drag.moved) return;
+    var rect = canvas.getBoundingClientRect();
+    var h = hit(ev.clientX - rect.left, ev.clientY - rect.top);
+    if (h && h.finding !== undefined && h.finding >= 0) {
+      var target = document.getElementById('finding-' + h.finding);
+      if (target) { location.hash = '#finding-' + h.finding; target.scrollIntoView(); }
+    }
+  });
+  canvas.addEventListener('mousemove', function (ev) { if (!drag || !canvas.classList.contains('dragging')) showTip(ev); });
   canvas.addEventListener('mouseleave', function () { tip.hidden = true; });
   canvas.addEventListener('dblclick', function (ev) { zoom(1 / 2, ev.clientX - canvas.getBoundingClientRect().left); });
   document.getElementById('oc-zoom-in').addEventListener('click', function () { zoom(1 / 1.6); });
   document.getElementById('oc-zoom-out').addEventListener('click', function () { zoom(1.6); });
-  document.getElementById('oc-zoom-reset').addEventListener('click', function () { if (tl) { v0 = 0; v1 = Math.max(tl.end, 1); draw(); } });
+  document.getElementById('oc-zoom-reset').addEventListener('click', function () { if (tl) { stepWindow(); draw(); } });
   document.addEventListener('keydown', function (ev) {
     if (ev.target && /INPUT|SELECT|TEXTAREA/.test(ev.target.tagName)) return;
     if (ev.key === '+' || ev.key === '=') zoom(1 / 1.6);
     else if (ev.key === '-') zoom(1.6);
-    else if (ev.key === '0' && tl) { v0 = 0; v1 = Math.max(tl.end, 1); draw(); }
+    else if (ev.key === '0' && tl) { stepWindow(); draw(); }
   });
   select.addEventListener('change', function () { setRank(select.value); });
+  if (stepSelect) stepSelect.addEventListener('change', function () { if (tl) setStep(stepSelect.value); });
   document.querySelectorAll('button[data-rank]').forEach(function (b) {
     b.addEventListener('click', function () {
-      setRank(b.getAttribute('data-rank'));
+      setRank(b.getAttribute('data-rank'), b.getAttribute('data-step'));
       document.getElementById('timeline').scrollIntoView();
     });
   });

@@ -1,0 +1,99 @@
+"""`overlapcheck compare BEFORE AFTER`: what changed between two runs (exit 0; 2 on bad input)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from overlapcheck.errors import UserError
+from overlapcheck.model import Report
+
+FORMATS = click.Choice(["text", "json", "markdown", "html"])
+
+
+def distinct_by() -> dict[str, tuple[str, ...]]:
+    """The evidence fields that tell findings of one rule apart (the diagnosis's table)."""
+    from overlapcheck.diagnose.registry import RULES
+
+    return {rule.id: rule.distinct_by for rule in RULES}
+
+
+def load_side(path: str, jobs: int | None = None) -> Report:
+    """A folder of traces or an `overlapcheck run` folder (analyzed now), or a JSON report (validated).
+    Any problem, an unreadable trace among them, is a UserError."""
+    from overlapcheck import pipeline
+    from overlapcheck.report.gate import read_report
+
+    if os.path.isdir(path):
+        report = pipeline.analyze(path, jobs=jobs)
+        if report.errors:
+            more = f" (and {len(report.errors) - 1} more unreadable inputs)" if len(report.errors) > 1 else ""
+            raise UserError(f"cannot compare: {report.errors[0].error}{more}")
+    elif os.path.lexists(path) and not path.lower().endswith(".json"):
+        raise UserError("give a folder of traces, an `overlapcheck run` folder or a JSON report (.json)", path)
+    else:
+        report = read_report(path)[0]
+    if not report.ranks:
+        raise UserError("the report has no ranks: nothing to compare", path)
+    return report
+
+
+@click.command("compare")
+@click.argument("before", metavar="BEFORE")
+@click.argument("after", metavar="AFTER")
+@click.option(
+    "--format",
+    "fmt",
+    type=FORMATS,
+    default="text",
+    show_default=True,
+    help="Terminal text, the JSON comparison (docs/compare-schema.md), Markdown (a PR comment) or HTML.",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the comparison to FILE.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Also write the side-by-side HTML page.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the JSON comparison.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Also write the Markdown.")
+@click.option("-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores).")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+def command(
+    before: str,
+    after: str,
+    fmt: str,
+    output: str | None,
+    html_path: str | None,
+    json_path: str | None,
+    markdown_path: str | None,
+    jobs: int | None,
+    force: bool,
+) -> None:
+    """Compare two runs: per collective kind, phase and rank, the change in overlap, exposed time per step and
+    step time, and the findings that appeared, disappeared or changed cost.
+
+    BEFORE and AFTER are each a folder of per-rank traces, an `overlapcheck run` folder, or a JSON report
+    (`analyze --format json`). Exit code 0; 2 on bad input.
+    """
+    from overlapcheck.commands.analyze import check_outputs
+    from overlapcheck.fsutil import atomic_write
+    from overlapcheck.report.compare import compare
+    from overlapcheck.report.compare_render import compare_renderer
+
+    extra = [(p, name) for p, name in ((html_path, "html"), (json_path, "json"), (markdown_path, "markdown")) if p]
+    outputs = [(output, fmt)] if output else []
+    outputs += extra
+    check_outputs([p for p, _ in outputs], force, inputs=[before, after])
+    comparison = compare(load_side(before, jobs), load_side(after, jobs), distinct_by(), sources=(before, after))
+    for path, name in outputs:
+        atomic_write(path, compare_renderer(name).render(comparison), force)
+    if not output:
+        if fmt == "text":
+            from rich.console import Console
+
+            from overlapcheck.report.compare_render import CompareTerminalRenderer
+
+            Console(highlight=False).print(CompareTerminalRenderer().group(comparison))
+        else:
+            sys.stdout.write(compare_renderer(fmt).render(comparison))
+    for path, name in extra:
+        click.echo(f"{name}: {path}", err=True)

@@ -1,0 +1,121 @@
+"""Bandwidth-bound communication: the exposed time is what the network needs to move the bytes, not a schedule.
+
+Precondition (docs/rules.md): at the transfer time measured across ranks (the shortest duration of each
+collective; analysis/bandwidth.py), the collectives of a phase take longer than the compute beside them, and
+that floor (exposed time no schedule could hide at this bandwidth) is at least FLOOR_SHARE of the exposed
+communication and at least MIN_STEP_SHARE of the step. Fixes reduce the bytes or add compute per byte (ZeRO++,
+a larger micro-batch, the communication dtype); when the user stated the network (`--network`) and the
+measured inter-node busbw is far below its per-GPU share, the network checks to make.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from overlapcheck.analysis.bandwidth import INTER, job_bandwidth
+from overlapcheck.diagnose.finding import config_value, finding, make_fix
+from overlapcheck.job import JobContext
+from overlapcheck.model import Finding, RankResult
+
+FLOOR_SHARE = 0.75  # the floor dominates: at least three quarters of the exposed communication
+MIN_STEP_SHARE = 0.03  # and costs at least this share of the step
+SLOW_NETWORK = 0.5  # measured inter-node busbw below this share of the stated peak: check the network
+
+
+def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
+    """One job-wide finding when the bandwidth floor dominates the exposed communication."""
+    if len([r for r in results if r.signature is not None]) < 2:
+        return []  # the transfer time needs the other ranks (a per-rank summary judges one rank only)
+    bw = job_bandwidth(results, job)
+    if bw is None or not bw.hideability:
+        return []
+    exposed = bw.floor_us + bw.schedulable_us
+    steps = [r.metrics.step_time_us / len(r.metrics.steps) for r in results if r.metrics.steps]
+    step_us = statistics.median(steps) if steps else 0.0
+    if exposed <= 0 or bw.floor_us < FLOOR_SHARE * exposed or bw.floor_us < MIN_STEP_SHARE * step_us:
+        return []
+    kinds = {
+        kind: {
+            "bytes_per_step": round(k.bytes_per_step),
+            "busbw_gbps": _round(k.busbw_gbps),
+            "busbw_spread_gbps": [_round(k.busbw_min_gbps), _round(k.busbw_max_gbps)],
+            "transfer_us_per_step": _round(k.transfer_us_per_step),
+            "wait_us_per_step": _round(k.wait_us_per_step),
+            "scope": k.scope,
+            "peak_gbps": k.peak_gbps,
+        }
+        for kind, k in bw.kinds.items()
+        if k.bytes_per_step > 1e6 or (k.transfer_us_per_step or 0.0) > 0.01 * step_us
+    }
+    evidence: dict[str, Any] = {
+        "floor_us_per_step": round(bw.floor_us, 3),
+        "schedulable_us_per_step": round(bw.schedulable_us, 3),
+        "phases": {
+            p: {
+                "compute_us": round(h.compute_us, 3),
+                "transfer_us": round(h.transfer_us, 3),
+                "exposed_us": round(h.exposed_us, 3),
+                "floor_us": round(h.floor_us, 3),
+            }
+            for p, h in bw.hideability.items()
+        },
+        "collectives": kinds,
+    }
+    slow = [
+        kind
+        for kind, k in bw.kinds.items()
+        if k.scope == INTER
+        and k.peak_gbps
+        and k.bytes_per_step > 1e6
+        and k.busbw_gbps is not None
+        and k.busbw_gbps < SLOW_NETWORK * k.peak_gbps
+    ]
+    if bw.network is not None:
+        evidence["network"] = bw.network
+    why = (
+        f"at the measured bandwidth the collectives need {bw.floor_us / 1000:.1f} ms per step more than the compute "
+        "beside them: no bucket size or prefetch can hide that; move fewer bytes or add compute per byte"
+    )
+    if slow:
+        evidence["network_checks"] = [
+            "NCCL_IB_HCA: does it list every InfiniBand port of the node (NCCL_DEBUG=INFO prints the ones used)?",
+            "GPUDirect RDMA: is nvidia-peermem loaded and NCCL_NET_GDR_LEVEL allowing it (NCCL_DEBUG=INFO: "
+            "'GPU Direct RDMA Enabled')?",
+        ]
+        why += (
+            f"; {', '.join(slow)} run(s) below {SLOW_NETWORK:.0%} of the stated network's per-GPU share: "
+            "check the network first"
+        )
+    settings: dict[str, Any] = {
+        "zero_optimization.zero_quantized_weights": True,
+        "zero_optimization.zero_quantized_gradients": True,
+    }
+    gathers = bw.kinds.get("all_gather")
+    per_node = job.gpus_per_node
+    if per_node and per_node > 1 and (gathers is None or gathers.scope != "intra-node"):
+        settings["zero_optimization.zero_hpz_partition_size"] = per_node
+    micro = config_value(job.ds_config, "train_micro_batch_size_per_gpu")
+    if isinstance(micro, int) and not isinstance(micro, bool) and micro > 0:
+        settings["train_micro_batch_size_per_gpu"] = micro * 2
+    comm_dtype = config_value(job.ds_config, "communication_data_type")
+    if isinstance(comm_dtype, str) and comm_dtype.lower() in ("fp32", "float32", "float"):
+        settings["communication_data_type"] = "bf16"
+    ranks = sorted(r.metrics.rank for r in results if r.metrics.rank is not None and r.metrics.collectives["all"].count)
+    return [
+        finding(
+            "bandwidth-bound",
+            "Communication is bandwidth-bound",
+            why,
+            bw.floor_us,
+            ranks,
+            [],
+            evidence,
+            make_fix(job.ds_config, settings),
+        )
+    ]
+
+
+def _round(x: float | None) -> float | None:
+    return round(x, 3) if x is not None else None

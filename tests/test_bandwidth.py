@@ -1,0 +1,180 @@
+"""Bytes, bus bandwidth and hideability (docs/metrics.md, Bandwidth and Hideability) and the bandwidth-bound rule
+(docs/rules.md): against hand computations on a real trace and against the simulator's truth."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from overlapcheck.analysis.bandwidth import bus_factor, nvlink_peak
+from overlapcheck.cli import main
+from overlapcheck.errors import UserError
+from overlapcheck.job import parse_network
+from overlapcheck.model import Report
+from overlapcheck.pipeline import analyze
+from overlapcheck.simulate import generate
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+NCCL_DATA = SHARED / "nccl-single-rank" / "nccl_data.json.gz"
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+ELEMENT = {"Float": 4, "BFloat16": 2, "Half": 2, "Long": 8, "Int": 4, "Byte": 1}
+SCHEDULE_KEYS = ("reduce_bucket_size", "prefetch_bucket_size", "overlap_comm", "synchronized", "comms_logger")
+
+
+def test_bus_factor_follows_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
+    assert bus_factor("all_gather", 32) == pytest.approx(31 / 32)
+    assert bus_factor("broadcast", 8) == 1.0
+    assert bus_factor("all_reduce", 1) == 0.0
+
+
+@pytest.mark.skipif(not NCCL_DATA.exists(), reason="shared traces not present")
+def test_busbw_on_a_real_trace_equals_the_hand_computation() -> None:
+    """nccl_data (A100, NCCL 2.17.1, 2 ranks): every NCCL kernel carries In/Out msg nelems, dtype, Group size."""
+    with gzip.open(NCCL_DATA) as fh:
+        doc = json.loads(fh.read())
+    hand: dict[str, list[float]] = {"all_reduce": [], "broadcast": []}
+    for ev in doc["traceEvents"]:
+        args = ev.get("args") or {}
+        if ev.get("cat") != "kernel" or "In msg nelems" not in args or ev.get("dur", 0) <= 0:
+            continue
+        kind = {"allreduce": "all_reduce", "broadcast": "broadcast"}[args["Collective name"]]
+        size = max(args["In msg nelems"], args["Out msg nelems"]) * ELEMENT[args["dtype"]]
+        n = args["Group size"]
+        factor = 2 * (n - 1) / n if kind == "all_reduce" else 1.0
+        dur = (ev["ts"] + ev["dur"]) - ev["ts"]  # as the reader keeps it: start and end, in float64
+        hand[kind].append(size / (dur * 1e-6) / 1e9 * factor)
+    rank = analyze(NCCL_DATA).ranks[0]
+    for kind, values in hand.items():
+        got = rank.bandwidth[kind]
+        assert got.count == len(values)
+        assert got.group_size == 2
+        assert got.busbw_gbps == pytest.approx(statistics.median(values), rel=1e-9)
+        assert got.busbw_min_gbps == pytest.approx(min(values), rel=1e-9)
+        assert got.busbw_max_gbps == pytest.approx(max(values), rel=1e-9)
+        assert got.peak_gbps is None  # one trace: its group's placement on nodes is unknown, so no peak is guessed
+    # the first all-reduce by hand: 6,637,568 floats in 2636.669 us, 2 ranks: busbw = algbw = 10.0696 GB/s
+    first = 6637568 * 4 / 2636.669e-6 / 1e9
+    assert first == pytest.approx(10.0696, abs=1e-4)
+    assert min(hand["all_reduce"]) <= first <= max(hand["all_reduce"])
+
+
+@pytest.fixture(scope="module")
+def degraded_2x4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("degraded-2x4")
+    truth = generate("degraded-network", out, steps=2)
+    return out, truth
+
+
+def test_busbw_equals_the_simulator_truth(degraded_2x4: tuple[Path, dict]) -> None:
+    out, truth = degraded_2x4
+    report = analyze(out, jobs=1)
+    assert report.bandwidth is not None
+    assert set(truth["bandwidth"]) <= set(report.bandwidth.kinds)
+    for kind, want in truth["bandwidth"].items():
+        got = report.bandwidth.kinds[kind]
+        assert got.collectives == want["collectives"]
+        assert got.bytes_per_step == pytest.approx(want["bytes_per_step"], rel=1e-9)
+        assert got.busbw_gbps == pytest.approx(want["busbw_gbps"], rel=1e-9)
+        assert got.busbw_min_gbps == pytest.approx(want["busbw_min_gbps"], rel=1e-9)
+        assert got.busbw_max_gbps == pytest.approx(want["busbw_max_gbps"], rel=1e-9)
+        assert got.scope == "inter-node"
+        assert got.peak_gbps is None  # no --network: measured numbers only
+
+
+def _bandwidth_bound(report: Report) -> list:
+    return [f for f in report.findings if f.rule == "bandwidth-bound"]
+
+
+def _assert_diagnosed(report: Report, truth: dict) -> None:
+    top = report.findings[0]
+    assert top.rule == "bandwidth-bound"
+    cost = next(c["cost_us"] for c in truth["causes"] if c["rule"] == "bandwidth-bound")
+    assert top.cost_us == pytest.approx(cost, rel=0.1)  # the floor vs the counterfactual (healthy network)
+    assert top.evidence["floor_us_per_step"] >= 0.75 * (
+        top.evidence["floor_us_per_step"] + top.evidence["schedulable_us_per_step"]
+    )
+    config = top.fix.config or {}
+    assert config["zero_optimization.zero_quantized_weights"] is True
+    assert config["zero_optimization.zero_quantized_gradients"] is True
+    assert "zero_optimization.zero_hpz_partition_size" in config
+    for f in report.findings:  # buckets and syncs are fine: nothing suggests changing them
+        assert not any(k in key for key in (f.fix.config or {}) for k in SCHEDULE_KEYS), f.rule
+
+
+def test_degraded_network_2x4_is_bandwidth_bound(degraded_2x4: tuple[Path, dict]) -> None:
+    out, truth = degraded_2x4
+    _assert_diagnosed(analyze(out, jobs=1), truth)
+
+
+def test_degraded_network_4x8_is_bandwidth_bound(tmp_path: Path) -> None:
+    truth = generate("degraded-network", tmp_path, steps=1, nodes=4, gpus_per_node=8)
+    _assert_diagnosed(analyze(tmp_path), truth)
+
+
+def test_healthy_is_not_bandwidth_bound(tmp_path: Path) -> None:
+    generate("healthy", tmp_path, costs=False, steps=2, nodes=2, gpus_per_node=4)
+    report = analyze(tmp_path, jobs=1)
+    assert not _bandwidth_bound(report)
+    assert report.bandwidth is not None and report.bandwidth.floor_us == 0.0
+
+
+@pytest.mark.skipif(not (SAMPLES / "healthy").exists(), reason="sample traces not present")
+def test_healthy_sample_is_not_bandwidth_bound() -> None:
+    assert not _bandwidth_bound(analyze(SAMPLES / "healthy"))
+
+
+def test_network_is_parsed_strictly() -> None:
+    assert parse_network("4x200Gbps").node_gbps == pytest.approx(100.0)
+    assert parse_network("4x200Gbps").per_gpu_gbps(8) == pytest.approx(12.5)
+    assert parse_network("400Gbps").node_gbps == pytest.approx(50.0)
+    assert parse_network("8x25GB/s").node_gbps == pytest.approx(200.0)
+    for bad in ("", "fast", "4x", "0x200Gbps", "4x0Gbps", "200", "4x200gbps", "-1x2Gbps"):
+        with pytest.raises(UserError):
+            parse_network(bad)
+
+
+def test_bad_network_is_one_line_and_exit_2(degraded_2x4: tuple[Path, dict]) -> None:
+    out, _ = degraded_2x4
+    result = CliRunner().invoke(main, ["analyze", str(out), "--network", "4xfast"])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and "--network" in result.output
+
+
+def test_stated_network_is_the_inter_node_peak(degraded_2x4: tuple[Path, dict]) -> None:
+    out, _ = degraded_2x4
+    result = CliRunner().invoke(main, ["analyze", str(out), "--network", "4x200Gbps", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["bandwidth"]["network"]["per_gpu_gbps"] == pytest.approx(25.0)  # 100 GB/s per node / 4 GPUs
+    assert doc["bandwidth"]["kinds"]["all_gather"]["peak_gbps"] == pytest.approx(25.0)
+    assert doc["ranks"][0]["bandwidth"]["all_gather"]["peak_gbps"] == pytest.approx(25.0)
+    top = doc["findings"][0]
+    assert top["rule"] == "bandwidth-bound" and "network_checks" in top["evidence"]  # 7.6 of 25 GB/s
+    assert Report.from_dict(doc).bandwidth is not None
+
+
+def test_intra_node_peak_is_nvlink_of_the_gpu_model(tmp_path: Path) -> None:
+    generate("healthy", tmp_path, costs=False, steps=1, nodes=1, gpus_per_node=2, gpu="A100")
+    rank = analyze(tmp_path, jobs=1).ranks[0]
+    bw = rank.bandwidth["all_gather"]
+    assert bw.scope == "intra-node"
+    assert bw.peak_gbps == 300.0 and "NVLink 3" in (bw.peak or "")
+    assert nvlink_peak("NVIDIA H100 80GB HBM3") == (450.0, "NVLink 4 (NVIDIA H100 80GB HBM3), per GPU and direction")
+    assert nvlink_peak("Tesla V100-SXM2-16GB") is None  # unknown model: no peak
+
+
+def test_old_documents_still_load(degraded_2x4: tuple[Path, dict]) -> None:
+    out, _ = degraded_2x4
+    doc = analyze(out, jobs=1).to_dict()
+    doc.pop("bandwidth")
+    for rank in doc["ranks"]:
+        rank.pop("bandwidth")
+    report = Report.from_dict(doc)
+    assert report.bandwidth is None and report.ranks[0].bandwidth == {}
