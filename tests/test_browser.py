@@ -307,8 +307,12 @@ def test_rank_and_step_pickers_and_host_lane(driver, tmp_path):
         return int(x - width / 2), int(26 + 26 * row + 13 - height / 2)
 
     def hover(t: float, row: int):
-        ActionChains(driver).move_to_element_with_offset(canvas, *point(t, row)).perform()
         tip = driver.find_element(By.ID, "oc-tooltip")
+        for _ in range(5):  # a scroll that lands after the move (hash navigation, scrollIntoView) hides the tip
+            ActionChains(driver).move_to_element_with_offset(canvas, *point(t, row)).perform()
+            if tip.get_attribute("hidden") is None:
+                break
+            ActionChains(driver).move_to_element_with_offset(canvas, 0, 0).pause(0.2).perform()
         assert tip.get_attribute("hidden") is None
         return tip.get_attribute("textContent")  # the tooltip may sit below the canvas's visible box
 
