@@ -78,6 +78,24 @@ class JobContext:
     deepspeed_version: str | None = None
     network: Network | None = None  # `--network`: the node's inter-node links, as the user states them
 
+    @property
+    def hosts(self) -> dict[int, str]:
+        """Rank -> host, from the run manifest's `ranks[].rank` / `ranks[].host` (empty without one)."""
+        out: dict[int, str] = {}
+        entries = (self.run or {}).get("ranks")
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict):
+                rank, host = entry.get("rank"), entry.get("host")
+                if (
+                    isinstance(rank, int)
+                    and not isinstance(rank, bool)
+                    and rank >= 0
+                    and isinstance(host, str)
+                    and host
+                ):
+                    out[rank] = host
+        return out
+
     @classmethod
     def build(
         cls,

@@ -191,7 +191,7 @@ def analyze_trace(
     if options.steps is not None:
         model = restrict_to_steps(model, options.steps)
     metrics = analyze_model(model)
-    metrics = with_bandwidth(model, metrics)
+    metrics = with_bandwidth(model, metrics, job)
     if options.steps is not None:
         metrics = dataclasses.replace(metrics, notes=[*metrics.notes, steps_note(options.steps, metrics)])
     blames: list[Blame] = []

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from builders import kernel, launch, write_trace
 from click.testing import CliRunner
 
 from overlapcheck.analysis.bandwidth import bus_factor, nvlink_peak
@@ -178,3 +179,105 @@ def test_old_documents_still_load(degraded_2x4: tuple[Path, dict]) -> None:
         rank.pop("bandwidth")
     report = Report.from_dict(doc)
     assert report.bandwidth is None and report.ranks[0].bandwidth == {}
+
+
+# -- sizes from record_param_comms, scope from process-group ranks and run.json hosts ---------------------------
+
+
+def _op(name: str, ts: float, dur: float, tid: int = 100, **args: object) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+COMMS_ARGS = {"In msg nelems": 1_000_000, "Out msg nelems": 1_000_000, "dtype": "Float", "Group size": 2}
+
+
+def test_sizes_come_from_the_record_param_comms_op_that_launched_the_kernel(tmp_path: Path) -> None:
+    """torch < 2.2: the NCCL kernel has no size args; the record_param_comms op around its launch has them. The
+    all-reduce's kernel names a child op of record_param_comms by External id; the broadcast's names it."""
+    events = [
+        _op("record_param_comms", 10, 20, **{"External id": 7, "Process Group Name": "0", **COMMS_ARGS}),
+        _op("nccl:all_reduce", 12, 10, **{"External id": 8}),
+        launch(14, corr=5),
+        _op("record_param_comms", 40, 10, **{"External id": 9, **COMMS_ARGS, "In msg nelems": 500_000}),
+        launch(45, corr=6),
+        launch(60, corr=9),  # a kernel launched outside any record_param_comms keeps unknown sizes
+        kernel(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            100,
+            100,
+            corr=5,
+            **{"External id": 8},
+        ),
+        kernel(
+            "ncclDevKernel_Broadcast_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            300,
+            50,
+            corr=6,
+            **{"External id": 9},
+        ),
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 400, 50, corr=9),
+    ]
+    write_trace(tmp_path, "rank0.json", events, rank=0, world_size=2, gz=False)
+    bw = analyze(tmp_path, jobs=1).ranks[0].bandwidth
+    ar = bw["all_reduce"]
+    assert ar.count == 1 and ar.group_size == 2 and ar.bytes_per_step == 4e6
+    assert ar.algbw_gbps == pytest.approx(4e6 / 100e-6 / 1e9)  # 40 GB/s
+    assert ar.busbw_gbps == pytest.approx(40.0 * 2 * 1 / 2)
+    bc = bw["broadcast"]  # max(in, out) = 1e6 floats
+    assert bc.count == 1 and bc.bytes_per_step == 4e6 and bc.busbw_gbps == pytest.approx(4e6 / 50e-6 / 1e9)
+    assert "all_gather" not in bw
+
+
+@pytest.mark.skipif(not NCCL_DATA.exists(), reason="shared traces not present")
+def test_real_trace_without_kernel_sizes_gets_them_from_record_param_comms(tmp_path: Path) -> None:
+    """nccl_data with the size args taken off its NCCL kernels (as torch < 2.2 writes them): the record_param_comms
+    ops (which carry In/Out msg nelems, dtype, Group size) give the same bytes and busbw."""
+    with gzip.open(NCCL_DATA) as fh:
+        doc = json.loads(fh.read())
+    keys = ("In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name", "In msg size")
+    for ev in doc["traceEvents"]:
+        if ev.get("cat") == "kernel" and "In msg nelems" in (ev.get("args") or {}):
+            for key in keys:
+                ev["args"].pop(key, None)
+    stripped = tmp_path / "stripped.json"
+    stripped.write_text(json.dumps(doc))
+    want, got = analyze(NCCL_DATA).ranks[0].bandwidth, analyze(stripped).ranks[0].bandwidth
+    assert set(got) == set(want) == {"all_reduce", "broadcast"}
+    for kind in want:
+        assert got[kind] == want[kind]
+
+
+def _subgroup_trace(tmp_path: Path, run_hosts: dict[int, str] | None) -> Report:
+    pg_config = [
+        {"pg_name": "0", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+        {"pg_name": "1", "pg_size": 2, "ranks": [0, 1]},
+        {"pg_name": "2", "pg_size": 2, "ranks": [0, 2]},
+    ]
+    info = {"backend": "nccl", "rank": 0, "world_size": 4, "pg_config": pg_config}
+    args = {"In msg nelems": 1000, "Out msg nelems": 1000, "dtype": "Float"}
+    events = [
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 100, 10, **args, **{"Process Group Name": "1"}),
+        kernel("ncclDevKernel_AllGather_RING_LL(x)", 200, 10, **args, **{"Process Group Name": "2"}),
+        kernel("ncclDevKernel_Broadcast_RING_LL(x)", 300, 10, **args, **{"Process Group Name": "0"}),
+    ]
+    write_trace(tmp_path, "rank0.json", events, rank=None, gz=False, distributedInfo=info)
+    if run_hosts is not None:
+        ranks = [{"rank": r, "host": h} for r, h in run_hosts.items()]
+        (tmp_path / "run.json").write_text(json.dumps({"ranks": ranks}))
+    return analyze(tmp_path, jobs=1)
+
+
+def test_scope_of_a_process_group_from_its_ranks_and_the_run_hosts(tmp_path: Path) -> None:
+    report = _subgroup_trace(tmp_path, {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"})
+    bw = report.ranks[0].bandwidth
+    assert bw["all_reduce"].group_size == 2 and bw["all_reduce"].scope == "intra-node"  # ranks 0, 1 on node-a
+    assert bw["all_gather"].scope == "inter-node"  # ranks 0 (node-a), 2 (node-b)
+    assert bw["broadcast"].group_size == 4 and bw["broadcast"].scope == "inter-node"  # the world, 2 nodes
+    assert report.bandwidth is not None and report.bandwidth.kinds["all_reduce"].scope == "intra-node"
+
+
+def test_scope_stays_unknown_without_the_hosts_of_the_group(tmp_path: Path) -> None:
+    bw = _subgroup_trace(tmp_path, {0: "node-a", 2: "node-b"}).ranks[0].bandwidth  # rank 1's host unknown
+    assert bw["all_reduce"].scope is None
+    assert bw["all_gather"].scope == "inter-node"
+    assert bw["broadcast"].scope is None  # the world's hosts are not all known

@@ -128,9 +128,39 @@ def _peak(
     return None
 
 
-def rank_bandwidth(model: TraceModel, acts: Activities) -> dict[str, KindBandwidth]:
-    """Per collective kind with at least one kernel of known size: KindBandwidth (docs/metrics.md). Its scope and
-    peak need the other ranks' placement: `with_topology` sets them where the ranks meet."""
+def group_scope(model: TraceModel, pg: int, hosts: dict[int, str]) -> str | None:
+    """Intra- or inter-node for the process group `pg` (a name index): its ranks from distributedInfo.pg_config
+    (`ranks`), each one's host from `hosts`; None when the group's ranks or any of their hosts are unknown."""
+    if pg < 0:
+        return None
+    name = model.name(pg)
+    for entry in model.distributed.get("pg_config") or []:
+        if isinstance(entry, dict) and str(entry.get("pg_name")) == name:
+            ranks = entry.get("ranks")
+            if not isinstance(ranks, list) or not ranks:
+                return None
+            if not all(isinstance(r, int) and r in hosts for r in ranks):
+                return None
+            return INTRA if len({hosts[r] for r in ranks}) == 1 else INTER
+    return None
+
+
+def own_hosts(model: TraceModel, job: JobContext | None = None) -> dict[int, str]:
+    """Rank -> host as one rank knows it: the run manifest's hosts, and its own host from the trace."""
+    hosts = dict(job.hosts) if job is not None else {}
+    rank, host = model.distributed.get("rank"), model.metadata.get("host_name")
+    if isinstance(rank, int) and not isinstance(rank, bool) and isinstance(host, str) and host:
+        hosts[rank] = host
+    return hosts
+
+
+def rank_bandwidth(
+    model: TraceModel, acts: Activities, hosts: dict[int, str] | None = None
+) -> dict[str, KindBandwidth]:
+    """Per collective kind with at least one kernel of known size: KindBandwidth (docs/metrics.md). Its scope:
+    intra-node for a group of one rank; for a group whose ranks distributedInfo.pg_config lists, from `hosts`
+    (rank -> host) when every one of them has a host. The rest of the scope and the peak need the other ranks'
+    placement: `with_topology` sets them where the ranks meet."""
     if acts.lanes != "gpu" or not len(model.gpu):
         return {}
     g = model.gpu
@@ -152,6 +182,8 @@ def rank_bandwidth(model: TraceModel, acts: Activities) -> dict[str, KindBandwid
         known = busbw[np.isfinite(busbw)]
         size_values, counts = np.unique(n, return_counts=True)
         size = int(size_values[np.argmax(counts)])
+        pg_values, pg_counts = np.unique(g.pg[sel], return_counts=True)
+        scope = INTRA if size == 1 else group_scope(model, int(pg_values[np.argmax(pg_counts)]), hosts or {})
         total = float(nbytes[sel & in_step].sum()) / n_steps if n_steps else float(b.sum())
         out[kind] = KindBandwidth(
             count=int(sel.sum()),
@@ -161,7 +193,7 @@ def rank_bandwidth(model: TraceModel, acts: Activities) -> dict[str, KindBandwid
             busbw_gbps=float(np.median(known)) if len(known) else None,
             busbw_min_gbps=float(known.min()) if len(known) else None,
             busbw_max_gbps=float(known.max()) if len(known) else None,
-            scope=INTRA if size == 1 else None,
+            scope=scope,
             gpu=device,
         )
     return out
@@ -169,14 +201,16 @@ def rank_bandwidth(model: TraceModel, acts: Activities) -> dict[str, KindBandwid
 
 def with_topology(results: Sequence[RankResult], job: JobContext | None = None) -> list[RankResult]:
     """Every rank's KindBandwidth with its scope and peak (docs/metrics.md, Topology), from where the ranks are:
-    their hosts (distributedInfo / metadata) when every rank of the world has one, else rank // GPUs per node
-    when the job states GPUs per node. A kind whose group is one rank is intra-node; one whose group is the
-    whole world spans the nodes the world does; any other group (its members are not in the report) stays
-    unknown. Peaks: NVLink of the rank's GPU model (intra-node), `--network`'s per-GPU share (inter-node)."""
+    their hosts (distributedInfo / metadata, else the run manifest's `ranks[].host`) when every rank of the world
+    has one, else rank // GPUs per node when the job states GPUs per node. A kind whose group is one rank is
+    intra-node; one whose group is the whole world spans the nodes the world does; any other group keeps the
+    scope its rank found from the group's ranks (pg_config) and their hosts (`rank_bandwidth`), else unknown.
+    Peaks: NVLink of the rank's GPU model (intra-node), `--network`'s per-GPU share (inter-node)."""
     job = job or JobContext()
     worlds = [r.metrics.world_size for r in results if r.metrics.world_size]
     world = max(worlds) if worlds else len(results)
     hosts = {r.metrics.rank: r.metrics.host for r in results if r.metrics.rank is not None and r.metrics.host}
+    hosts = {**{rank: host for rank, host in job.hosts.items() if rank < world}, **hosts}
     nodes: int | None = None
     per_node = job.gpus_per_node
     if world and len(hosts) == world and set(hosts) == set(range(world)):
@@ -194,6 +228,7 @@ def with_topology(results: Sequence[RankResult], job: JobContext | None = None) 
             scope = INTRA if b.group_size == 1 else None
             if scope is None and nodes is not None and b.group_size == world:
                 scope = INTRA if nodes == 1 else INTER
+            scope = scope or b.scope
             peak = _peak(scope, b.gpu, job.network, per_node)
             kinds[kind] = replace(b, scope=scope, peak_gbps=peak[0] if peak else None, peak=peak[1] if peak else None)
         out.append(replace(r, metrics=replace(r.metrics, bandwidth=kinds)))
@@ -324,10 +359,11 @@ def job_bandwidth(results: Sequence[RankResult], job: JobContext | None = None) 
     )
 
 
-def with_bandwidth(model: TraceModel, metrics: RankMetrics) -> RankMetrics:
-    """`metrics` with its `bandwidth` (per collective kind) filled in."""
+def with_bandwidth(model: TraceModel, metrics: RankMetrics, job: JobContext | None = None) -> RankMetrics:
+    """`metrics` with its `bandwidth` (per collective kind) filled in; `job`'s run manifest gives the hosts of
+    the other ranks."""
     from overlapcheck.analysis.activities import activities_of
 
     if not metrics.collectives["all"].count or metrics.lanes != "gpu":
         return metrics
-    return replace(metrics, bandwidth=rank_bandwidth(model, activities_of(model)))
+    return replace(metrics, bandwidth=rank_bandwidth(model, activities_of(model), own_hosts(model, job)))

@@ -24,6 +24,7 @@ from overlapcheck.trace.events import Event
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_IN_TID = re.compile(r"(\d+)")
 _MAX_DIGITS = 19  # a longer digit string does not fit an int64 column (and int() refuses over 4300 digits)
+_INT64 = 1 << 63
 _TOO_BIG = 1 << 64  # what such a string reads as: out of every column's range, so it is noted and dropped
 
 
@@ -79,6 +80,9 @@ SYNC_COLUMNS = {
     "correlation": np.int64,
 }
 FLOW_COLUMNS = {"start": np.float64, "thread": np.int32, "correlation": np.int64}
+# the op torch wraps each collective in, with the message sizes it records: the fallback for NCCL kernels without
+# size args, resolved in `ModelBuilder._build` (its few rows kept aside, not a table of the TraceModel)
+RECORD_PARAM_COMMS = "record_param_comms"
 
 # kinds of CPU-side ops
 CPU_OP, ANNOTATION, PYTHON = 0, 1, 2
@@ -215,6 +219,8 @@ class ModelBuilder:
         self.ops = _Columns(OP_COLUMNS)
         self.syncs = _Columns(SYNC_COLUMNS)
         self.flows = _Columns(FLOW_COLUMNS)
+        # record_param_comms: (start, end, thread, nelems, out_nelems, dtype, group size, process group)
+        self.comms: list[tuple[float, float, int, int, int, str | None, int, str | None]] = []
         self.steps: list[tuple[int, float, float]] = []
         self._threads: dict[tuple[Any, Any], int] = {}
         self._thread_names: dict[tuple[Any, Any], str] = {}
@@ -278,7 +284,9 @@ class ModelBuilder:
                     idx = intern(name)
                 kind = family - _OP
                 op_rows.append((ts, end, thread, idx, kind))
-                if kind != PYTHON and name.startswith("ProfilerStep#"):
+                if name == RECORD_PARAM_COMMS:
+                    self._add_comms(ts, end, thread, ev)
+                elif kind != PYTHON and name.startswith("ProfilerStep#"):
                     m = _STEP.match(name)
                     if m:
                         if len(m.group(1)) <= _MAX_DIGITS - 1:
@@ -313,6 +321,30 @@ class ModelBuilder:
         self.bad_durations += bad_durations
         for cols in (self.gpu, self.runtime, self.ops, self.syncs, self.flows):
             cols.flush()
+
+    def _add_comms(self, ts: float, end: float, thread: int, ev: Event) -> None:
+        """A `record_param_comms` op with a message size: the sizes, dtype, group size and process group torch
+        records on it (-1 / None when absent). Its strings are interned only if a kernel takes them."""
+        a = ev.args
+        if a is None:
+            return
+        n = a.in_nelems if a.in_nelems is not None else a.in_size
+        out_n = a.out_nelems if a.out_nelems is not None else a.out_size
+        if n is None and out_n is None:
+            return
+        pg_value = a.pg_name if a.pg_name is not None else a.pg_id
+        self.comms.append(
+            (
+                ts,
+                end,
+                thread,
+                n if n is not None else -1,
+                out_n if out_n is not None else -1,
+                a.dtype,
+                a.group_size if type(a.group_size) is int else -1,
+                str(pg_value) if pg_value is not None else None,
+            )
+        )
 
     def _add_other(self, ev: Event) -> None:
         """A flow start (CPU side of a correlation) or a thread_name metadata event."""
@@ -379,6 +411,7 @@ class ModelBuilder:
             "threads": list(self._threads),
             "thread_names": self._thread_names,
             "steps": self.steps,
+            "comms": self.comms,
             "tables": tables,
             "counts": self._counts(),
         }
@@ -405,6 +438,7 @@ class ModelBuilder:
                 data[col] = threads[data[col]]
             getattr(self, family).append(data)
         self.steps.extend(part["steps"])
+        self.comms.extend((*c[:2], int(threads[c[2]]), *c[3:]) for c in part.get("comms", []))
         self._thread_names.update(part["thread_names"])
         for key, n in part.get("counts", {}).items():
             if key == "bad_durations":
@@ -430,6 +464,8 @@ class ModelBuilder:
         # flushed before the counts are read: the last batch's clamped integers are counted at its flush
         tables = {family: getattr(self, family).table() for family in _FAMILIES}
         notes = self._notes()
+        if self.comms and len(tables["gpu"]):
+            self._sizes_from_comms(tables["gpu"], tables["runtime"])
         steps_table = Table(
             {
                 "number": np.array([s[0] for s in steps], dtype=np.int64),
@@ -465,6 +501,52 @@ class ModelBuilder:
             threads=threads,
             notes=notes,
         )
+
+    def _sizes_from_comms(self, gpu: Table, runtime: Table) -> None:
+        """Fill in place, for the NCCL kernels without `In msg nelems` / `Out msg nelems` (torch < 2.2), the
+        sizes, dtype, group size and process group of the `record_param_comms` op that launched them: the
+        innermost one on the launching thread enclosing the kernel's launch (its runtime call, by correlation).
+        That is the op Kineto's `External id` names, or the one around it when the External id names an op
+        inside record_param_comms. Values the kernel has stay; only its unknown (-1) ones are taken."""
+        need = np.flatnonzero((gpu.cls == C.COMM) & (gpu.nelems < 0) & (gpu.out_nelems < 0))
+        if not len(need) or not len(runtime):
+            return
+        rows = self.comms
+        c_start = np.array([r[0] for r in rows], dtype=np.float64)
+        c_end = np.array([r[1] for r in rows], dtype=np.float64)
+        c_thread = np.array([r[2] for r in rows], dtype=np.int64)
+        by_corr = np.argsort(runtime.correlation, kind="stable")
+        corr_sorted = runtime.correlation[by_corr]
+        corr = gpu.correlation[need]
+        pos = np.minimum(np.searchsorted(corr_sorted, corr), len(corr_sorted) - 1)
+        ok = (corr >= 0) & (corr_sorted[pos] == corr)
+        need, launch = need[ok], by_corr[pos[ok]]
+        when, thread = runtime.start[launch], runtime.thread[launch].astype(np.int64)
+        # by thread, then start: the latest record_param_comms that starts at or before the launch on its
+        # thread is the innermost one around it, when it has not ended before the launch
+        order = np.lexsort((c_start, c_thread))
+        key = c_thread[order]
+        found = np.full(len(need), -1, dtype=np.int64)
+        for t in np.unique(thread).tolist():
+            lo, hi = np.searchsorted(key, t, "left"), np.searchsorted(key, t, "right")
+            if lo == hi:
+                continue
+            mine = np.flatnonzero(thread == t)
+            i = np.searchsorted(c_start[order[lo:hi]], when[mine], "right") - 1
+            cand = order[lo + np.maximum(i, 0)]
+            inside = (i >= 0) & (c_end[cand] >= when[mine])
+            found[mine[inside]] = cand[inside]
+        for row, src in zip(need[found >= 0].tolist(), found[found >= 0].tolist(), strict=True):
+            _, _, _, n, out_n, dtype, group, pg = rows[src]
+            if not (-1 <= n < _INT64 and -1 <= out_n < _INT64):
+                continue  # out of the column's range: left unknown
+            gpu.nelems[row], gpu.out_nelems[row] = n, out_n
+            if gpu.dtype[row] < 0 and dtype is not None:
+                gpu.dtype[row] = self.intern(dtype)
+            if gpu.group[row] < 0 and 0 < group < 1 << 31:
+                gpu.group[row] = group
+            if gpu.pg[row] < 0 and pg is not None:
+                gpu.pg[row] = self.intern(pg)
 
     def _notes(self) -> list[str]:
         counts = self._counts()
