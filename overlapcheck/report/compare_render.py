@@ -5,20 +5,17 @@ come from `present`."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import io
-import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from overlapcheck.model import ALL
+from overlapcheck.report import page
 from overlapcheck.report import present as P
 from overlapcheck.report.compare import Comparison, Delta, FindingChange, signed_ms
+from overlapcheck.report.json import document_json
 
-HERE = Path(__file__).parent
 MAX_RANK_ROWS = P.MAX_RANK_ROWS  # ranks listed (largest change of exposed time first)
 STATUS_MARK = {"appeared": "new", "disappeared": "gone", "changed": "changed", "same": "same"}
 
@@ -62,18 +59,6 @@ def finding_ranks(f: FindingChange) -> str:
     return P.rank_ranges(f.ranks_after or f.ranks_before)
 
 
-def _clean(value: Any, digits: int | None) -> Any:
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        return round(value, digits) if digits is not None else value
-    if isinstance(value, dict):
-        return {str(k): _clean(v, digits) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v, digits) for v in value]
-    return value
-
-
 # ------------------------------------------------------------------------------------------------- JSON
 
 
@@ -87,7 +72,7 @@ class CompareJsonRenderer:
         self.digits = digits
 
     def render(self, comparison: Comparison) -> str:
-        return json.dumps(_clean(comparison.to_dict(), self.digits), indent=2, ensure_ascii=False) + "\n"
+        return document_json(comparison.to_dict(), self.digits)
 
 
 # --------------------------------------------------------------------------------------------- terminal
@@ -268,10 +253,6 @@ class CompareMarkdownRenderer:
 # ------------------------------------------------------------------------------------------------- HTML
 
 
-def _sha256(text: str) -> str:
-    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
-
-
 def _delta_view(d: Delta, unit: str) -> dict[str, Any]:
     """Before, after and change as display strings, with a direction for colouring (worse / better)."""
     fmt: Callable[[float | None], str]
@@ -371,20 +352,13 @@ class CompareHtmlRenderer:
     extension = ".html"
 
     def render(self, comparison: Comparison) -> str:
-        import jinja2
         import markupsafe
 
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(str(HERE / "templates")),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
-        css = (HERE / "assets" / "compare.css").read_text(encoding="utf-8")
-        csp = f"default-src 'none'; style-src '{_sha256(css)}'; img-src data:; base-uri 'none'; form-action 'none'"
-        return env.get_template("compare.html.j2").render(
-            view=build_view(comparison), css=markupsafe.Markup(css), csp=csp
+        css = page.asset("compare.css")
+        return (
+            page.environment()
+            .get_template("compare.html.j2")
+            .render(view=build_view(comparison), css=markupsafe.Markup(css), csp=page.csp(css))
         )
 
 

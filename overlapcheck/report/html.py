@@ -11,18 +11,15 @@ inline script and style means that injected markup could not run code even if es
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import math
 import shlex
-from pathlib import Path
 from typing import Any
 
 from overlapcheck.model import ALL, COLLECTIVE_KEYS, Finding, RankMetrics, Report, Timeline
+from overlapcheck.report import page
 from overlapcheck.report import present as P
 
-HERE = Path(__file__).parent
 MAX_EVENTS_TOTAL = 240_000  # events embedded over all ranks' timelines
 MAX_EVENTS_RANK = 40_000  # ... and per rank
 MIN_EVENTS_RANK = 2_500  # a rank keeps at least this many even with many ranks
@@ -61,31 +58,18 @@ class HtmlRenderer:
         self.perfetto = perfetto  # a relative link to the Perfetto file written in the same run, if any
 
     def render(self, report: Report) -> str:
-        import jinja2
         import markupsafe
 
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(str(HERE / "templates")),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
+        env = page.environment()
         env.policies["json.dumps_kwargs"] = {"separators": (",", ":"), "allow_nan": False}
         env.filters.update(us=P.duration, ms=P.ms, pct=P.pct, ranges=P.rank_ranges)
-        css = (HERE / "assets" / "report.css").read_text(encoding="utf-8")
-        js = (HERE / "assets" / "report.js").read_text(encoding="utf-8")
-        csp = (
-            f"default-src 'none'; script-src '{_sha256(js)}'; style-src '{_sha256(css)}'; img-src data:; "
-            "base-uri 'none'; form-action 'none'"
-        )
+        css, js = page.asset("report.css"), page.asset("report.js")
         return env.get_template("report.html.j2").render(
-            view=build_view(report, self.perfetto), css=markupsafe.Markup(css), js=markupsafe.Markup(js), csp=csp
+            view=build_view(report, self.perfetto),
+            css=markupsafe.Markup(css),
+            js=markupsafe.Markup(js),
+            csp=page.csp(css, js),
         )
-
-
-def _sha256(text: str) -> str:
-    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 
 
 def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:

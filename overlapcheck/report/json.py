@@ -20,7 +20,13 @@ class JsonRenderer:
         self.digits = digits
 
     def render(self, report: Report) -> str:
-        return json.dumps(_clean(report.to_dict(), self.digits), indent=2, ensure_ascii=False) + "\n"
+        return document_json(report.to_dict(), self.digits)
+
+
+def document_json(doc: dict[str, Any], digits: int | None = 6) -> str:
+    """A JSON document (the report, the comparison) as text: floats rounded to `digits` decimals (None: as
+    computed), non-finite numbers as null, indented, UTF-8 as is."""
+    return json.dumps(_clean(doc, digits), indent=2, ensure_ascii=False) + "\n"
 
 
 def _clean(value: Any, digits: int | None) -> Any:
