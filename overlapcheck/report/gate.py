@@ -26,7 +26,7 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -179,6 +179,11 @@ def reduce_ranks(
 ) -> Reduced:
     """Reduce `metric` over the report's ranks (ignoring ranks where it is None)."""
     pairs = [(r.rank, v) for r in report.ranks if r.rank is not None and (v := metric(r)) is not None]
+    return reduce_pairs(pairs, across, higher_is_worse)
+
+
+def reduce_pairs(pairs: Sequence[tuple[int, float]], across: str, higher_is_worse: bool) -> Reduced:
+    """(rank, value) pairs reduced to their median, or to their worst value and its rank."""
     if not pairs:
         return Reduced(None, None, 0)
     if across == "median":
@@ -283,14 +288,7 @@ def reduce_side(
     comparison: Comparison, side: str, kind: str, metric: str, across: str, higher_is_worse: bool
 ) -> Reduced:
     """One side of a comparison reduced across its compared ranks (`Comparison.values`)."""
-    pairs = comparison.values(side, kind, metric)
-    if not pairs:
-        return Reduced(None, None, 0)
-    if across == "median":
-        return Reduced(statistics.median(v for _, v in pairs), None, len(pairs))
-    pick = max if higher_is_worse else min
-    rank, value = pick(pairs, key=lambda p: p[1])
-    return Reduced(value, rank, len(pairs))
+    return reduce_pairs(comparison.values(side, kind, metric), across, higher_is_worse)
 
 
 def _shared_detail(comparison: Comparison) -> str:
