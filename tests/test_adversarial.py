@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
 from click.testing import CliRunner
 
@@ -38,16 +39,8 @@ SMALL_LIMIT = 1 << 20
 
 
 def kernel(name: str = GEMM, ts: float = 10, dur: float = 40, stream: Any = 7, **args: Any) -> dict[str, Any]:
-    return {
-        "ph": "X",
-        "cat": "kernel",
-        "name": name,
-        "pid": 0,
-        "tid": stream,
-        "ts": ts,
-        "dur": dur,
-        "args": {"device": 0, "stream": stream, "correlation": 1, **args},
-    }
+    """builders.kernel with this corpus's defaults (and any value for the stream, hostile ones included)."""
+    return builders.kernel(name, ts, dur, stream, corr=1, **args)
 
 
 def good_events() -> list[dict[str, Any]]:
