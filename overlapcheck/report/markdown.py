@@ -34,8 +34,8 @@ class MarkdownRenderer:
         v = P.verdict(report)
         mark = {"good": "✅", "warn": "⚠️", "bad": "❌", "none": "ℹ️"}[v.level]
         lines = [f"### {mark} overlapcheck: {cell(v.headline)}", "", cell(v.sentence()), ""]
-        lines += [f"> ⚠️ capture: {cell(note)}" for note in P.capture_notes(report)]
-        lines += [""] if P.capture_notes(report) else []
+        if notes := P.capture_notes(report):
+            lines += [*(f"> ⚠️ capture: {cell(note)}" for note in notes), ""]
         rows = P.kind_rows(report)
         if rows:
             columns = P.kind_columns(report)
