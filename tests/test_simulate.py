@@ -265,7 +265,7 @@ def test_truth_is_consistent(sets: dict[str, Path], name: str) -> None:
 @pytest.mark.parametrize("name", [n for n in PRESETS if PRESETS[n].causes and n != "seed-5201"])
 def test_planted_causes_are_listed_with_a_fix(sets: dict[str, Path], name: str) -> None:
     t = truth(sets[name])
-    assert [c["rule"] for c in t["causes"]] == list(PRESETS[name].causes)
+    assert sorted(c["rule"] for c in t["causes"]) == sorted(PRESETS[name].causes)  # truth ranks them by cost
     for cause in t["causes"]:
         assert set(cause["fix"]) <= {"config", "env", "upgrade"}
         assert cause["cost_us"] == pytest.approx(t["step_time_us"] - cause["step_time_without_us"], abs=1e-2)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from overlapcheck.errors import UserError
-from overlapcheck.simulate.config import SimConfig
+from overlapcheck.simulate.config import LATE_FIELDS, SimConfig
 from overlapcheck.simulate.scenarios import CAUSES, INHERENT, build_config
 from overlapcheck.simulate.sim import BASE_TIME_NS, TS_ORIGIN_US, simulate
 from overlapcheck.simulate.truth import bandwidth_truth, mean_step_time, set_truth
@@ -26,19 +26,20 @@ def cause_costs(cfg: SimConfig, causes: list[str], base_step_us: float, measure:
     """Each cause with its per-step cost: this job minus the same job without the effect (None when
     `measure` is off, which skips the counterfactual simulations)."""
     out = []
-    for rule in causes:
-        cause = CAUSES[rule]
+    for key in causes:
+        cause = CAUSES[key]
         step_us = None
         if measure:
             without = cfg.with_overrides(cause.counterfactual(cfg))
             step_us = round(mean_step_time(simulate(without)), 3)
         out.append(
             {
-                "rule": rule,
+                "rule": cause.rule or key,
                 "cost_us": None if step_us is None else round(base_step_us - step_us, 3),
                 "fix": cause.fix(cfg),
                 "ranks": cause.ranks(cfg),
                 "step_time_without_us": step_us,
+                **cause.extra(cfg),
             }
         )
     return sorted(out, key=lambda c: -(c["cost_us"] or 0.0))
@@ -60,6 +61,9 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
     ranks = set_truth(result, [trace_name(r) for r in range(cfg.world_size)])
     step_us = mean_step_time(result)
     config = asdict(cfg)
+    for name in LATE_FIELDS:  # fields added later appear only where set, so older sets stay byte-identical
+        if config[name] == SimConfig.__dataclass_fields__[name].default:
+            del config[name]
     config["model"]["parameters"] = cfg.model.parameters
     doc = {
         "schema": TRUTH_SCHEMA,

@@ -54,6 +54,9 @@ class ModelSpec:
         return self.embed_params + self.layers * self.block_params
 
 
+LATE_FIELDS = ("straggler_scope", "host_delay_rank", "host_delay_us", "user_wait_stream", "backward_host_us")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything that determines a simulated trace set; `dataclasses.replace` makes counterfactuals."""
@@ -92,6 +95,12 @@ class SimConfig:
     clock_offset_us: tuple[float, ...] = ()  # per node, applied only when writing ts
     comm_slowdown: float = 1.0  # divides the network bandwidth (congested fabric)
     free_collectives: tuple[str, ...] = ()  # counterfactual: these collectives take no time
+    # fields added after the first sample sets; truth.json lists them only when they differ from the default
+    straggler_scope: str = "all"  # "math": only GEMM and attention kernels slow down (SM clocks), HBM-bound not
+    host_delay_rank: int | None = None  # this rank's host spends host_delay_us in the data loader every step
+    host_delay_us: float = 0.0
+    user_wait_stream: bool = False  # a user grad hook: current_stream().wait_stream(reduce stream) per gradient
+    backward_host_us: float = 0.0  # extra Python time per hooked module in backward (deep module trees)
 
     @property
     def world_size(self) -> int:

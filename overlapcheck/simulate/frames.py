@@ -33,6 +33,14 @@ _OLD = {
     "log_wrapper": 121,
 }
 
+# a data loader the host waits for (host-straggler) and a user gradient hook (user-wait-stream), torch 2.x lines
+DATALOADER_FRAMES = (
+    "torch/utils/data/dataloader.py(628): __next__",
+    "torch/utils/data/dataloader.py(1329): _next_data",
+)
+USER_GRAD_HOOK = "train.py(57): grad_hook"
+WAIT_STREAM = "torch/cuda/streams.py(65): wait_stream"
+
 NVTX = "deepspeed/utils/nvtx.py(30): wrapped_fn"
 CTX = "torch/utils/_contextlib.py(120): decorate_context"
 Z = "deepspeed/runtime/zero/"
@@ -46,6 +54,14 @@ class Frames:
 
     def train_step(self) -> tuple[str, ...]:
         return ("train.py(112): <module>", "train.py(100): main", "train.py(77): step")
+
+    def dataloader(self) -> tuple[str, ...]:
+        return DATALOADER_FRAMES
+
+    def user_grad_hook(self) -> tuple[str, ...]:
+        """`p.register_post_accumulate_grad_hook(grad_hook)` in train.py; it runs inside AccumulateGrad on the
+        autograd thread, after DeepSpeed's hook, and calls `current_stream().wait_stream(reduce_stream)`."""
+        return (USER_GRAD_HOOK, WAIT_STREAM)
 
     def engine_forward(self) -> tuple[str, ...]:
         return ("torch/nn/modules/module.py(1782): _call_impl", "deepspeed/runtime/engine.py(2982): forward")

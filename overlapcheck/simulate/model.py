@@ -100,6 +100,8 @@ class RankStep:
     ) -> GpuOp:
         """An aten op launching one compute kernel (slowed on a straggler's GPU)."""
         scale = self.slow if compute_bound else 1.0
+        if scale != 1.0 and self.cfg.straggler_scope == "math" and family not in ("gemm", "flash"):
+            scale = 1.0  # SM clocks throttled: HBM-bound kernels keep their speed
         dur = us * scale * jitter(self.cfg.seed, self.host.rank, self.step_no, op_name, us)
         with self.host.cpu_op(op_name, cost=8.0):
             return self.host.launch(name, stream, dur, args=launch_args(family, self.gpu.sms))
@@ -189,20 +191,22 @@ class RankStep:
     def grad_ready(self, name: str, numel: int) -> Step:
         """The AccumulateGrad hook of one parameter."""
         host = self.host
-        with (
-            host.cpu_op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", cost=4.0),
-            host.frames(*self.fr.grad_hook()),
-        ):
-            host.spend(50.0, "grad-hook")
-            if self.bucket and sum(n for _, n in self.bucket) + numel > self.cfg.reduce_bucket_size:
-                yield from self.flush()
-            with host.frames(*self.fr.add_grad()):
-                host.wait_stream(self.reduce_stream, COMPUTE)
-                nbytes = numel * 2
-                self.memcpy(
-                    "Memcpy DtoD (Device -> Device)", nbytes, self.reduce_stream, memory_us(self.gpu, 2 * nbytes)
-                )
-            self.bucket.append((name, numel))
+        with host.cpu_op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", cost=4.0):
+            with host.frames(*self.fr.grad_hook()):
+                host.spend(50.0, "grad-hook")
+                if self.bucket and sum(n for _, n in self.bucket) + numel > self.cfg.reduce_bucket_size:
+                    yield from self.flush()
+                with host.frames(*self.fr.add_grad()):
+                    host.wait_stream(self.reduce_stream, COMPUTE)
+                    nbytes = numel * 2
+                    self.memcpy(
+                        "Memcpy DtoD (Device -> Device)", nbytes, self.reduce_stream, memory_us(self.gpu, 2 * nbytes)
+                    )
+                self.bucket.append((name, numel))
+            if self.cfg.user_wait_stream:  # the user's post-accumulate-grad hook, registered after DeepSpeed's
+                with host.frames(*self.fr.user_grad_hook()):
+                    host.spend(10.0, "user-hook")
+                    host.wait_stream(COMPUTE, self.reduce_stream)
 
     def flush(self) -> Step:
         """__reduce_and_partition_ipg_grads."""
@@ -299,6 +303,8 @@ class RankStep:
         t, h = m.tokens, m.hidden
         with self.autograd("PreBackwardFunctionForModuleBackward"), host.frames(*self.fr.pre_backward_hook()):
             yield from self.fetch(mod, order)
+        if self.cfg.backward_host_us > 0:  # the Python hooks of its submodules before its first kernel (deep tree)
+            host.spend(self.cfg.backward_host_us, "submodule-hooks")
         if mod == 0:
             with self.autograd("EmbeddingBackward0"):
                 self.elementwise("aten::embedding_dense_backward", "embedding_bwd", t * h * 8)
@@ -387,6 +393,9 @@ class RankStep:
         with ExitStack() as stack:
             stack.enter_context(host.frames(*self.fr.train_step()))
             stack.enter_context(host.annotation(f"ProfilerStep#{step_no}"))
+            if cfg.host_delay_rank == host.rank and cfg.host_delay_us > 0:  # a slow data loader on this host
+                with host.frames(*self.fr.dataloader()):
+                    host.spend(cfg.host_delay_us)
             host.spend(60.0, "dataloader")
             if cfg.throughput_timer_sync:
                 with host.frames(*self.fr.timer("start")):

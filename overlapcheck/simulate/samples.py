@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from overlapcheck.simulate import generate
-from overlapcheck.simulate.scenarios import PRESETS
+from overlapcheck.simulate.scenarios import SAMPLE_PRESETS
 
 # set name -> (scenario, options); the small sets use 2 nodes x 1 GPU to keep the folder small, except where
 # the planted cause needs more GPUs per node (hpZ separates the communicators only with 2 or more)
@@ -18,7 +18,7 @@ OWN_SIZE = {
     "same-communicator": {"nodes": 2, "gpus_per_node": 2},
     "degraded-network": {},  # 2x4: the slow network must dominate the exposed time (2x1 also has schedule waits)
 }
-SETS: dict[str, tuple[str, dict]] = {name: (name, OWN_SIZE.get(name, SMALL)) for name in PRESETS}
+SETS: dict[str, tuple[str, dict]] = {name: (name, OWN_SIZE.get(name, SMALL)) for name in SAMPLE_PRESETS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 
 from overlapcheck.errors import UserError
 from overlapcheck.simulate.config import ModelSpec, SimConfig
+from overlapcheck.simulate.frames import DATALOADER_FRAMES, USER_GRAD_HOOK
 from overlapcheck.simulate.hardware import jitter
 
 
@@ -16,7 +17,8 @@ from overlapcheck.simulate.hardware import jitter
 class Preset:
     summary: str
     overrides: dict[str, Any] = field(default_factory=dict)
-    causes: tuple[str, ...] = ()
+    causes: tuple[str, ...] = ()  # the rules truth.json names
+    variants: dict[str, str] = field(default_factory=dict)  # rule -> the CAUSES key that plants it, when not the rule
 
 
 BASE = {"nodes": 2, "gpus_per_node": 2, "model.layers": 4}  # small sets unless a preset says otherwise
@@ -76,7 +78,7 @@ PRESETS: dict[str, Preset] = {
     ),
     "straggler": Preset(
         "one rank's GPU runs 30% slower: the others wait inside their NCCL kernels",
-        {"straggler_rank": -1, "straggler_factor": 1.3},
+        {"straggler_rank": -1, "straggler_factor": 1.3, "straggler_scope": "all"},
         ("straggler",),
     ),
     "offload-sync": Preset(
@@ -88,7 +90,7 @@ PRESETS: dict[str, Preset] = {
         "1e7-element reduce buckets on a congested fabric: more than 2 reductions in flight "
         "make __reduce_and_partition_ipg_grads block on cudaEventSynchronize",
         {"reduce_bucket_size": 10_000_000, "comm_slowdown": 3.0},
-        ("reduce-event-throttle",),
+        ("reduce-event-throttle", "bandwidth-bound"),  # the congested fabric is planted too
     ),
     "no-prefetch": Preset(
         "stage3_prefetch_bucket_size: 0: every all-gather is issued when its module runs",
@@ -104,16 +106,69 @@ PRESETS: dict[str, Preset] = {
     "clock-skew": Preset(
         "healthy job with node clocks 5 ms apart (per-rank metrics must not change)", {"clock_skew_us": 5000.0}
     ),
+    "partial-straggler": Preset(
+        "one rank's GEMMs and attention run 50% slower (SM clocks; HBM-bound kernels keep their speed), 1e8 "
+        "buckets: the prefetched all-gathers absorb it, the reduce-scatters wait for it",
+        {"straggler_rank": -3, "straggler_factor": 1.5, "straggler_scope": "math", "reduce_bucket_size": 100_000_000},
+        ("straggler",),
+        {"straggler": "gpu-straggler"},
+    ),
+    "host-straggler": Preset(
+        "one rank's host waits 8 ms per step in its data loader before the first launch: the others wait in "
+        "their first all-gather of the step",
+        {"host_delay_rank": -6, "host_delay_us": 8000.0},
+        ("straggler",),
+        {"straggler": "host-straggler"},
+    ),
+    "throttle-delayed-gathers": Preset(
+        "1e7-element reduce buckets on a 2x slower fabric with a slow backward host (5 ms of submodule hooks per "
+        "block): the reduce-event throttle blocks the autograd thread, the GPU drains, the host never catches up",
+        {"reduce_bucket_size": 10_000_000, "comm_slowdown": 2.0, "backward_host_us": 5000.0},
+        ("reduce-event-throttle", "bandwidth-bound"),  # the slower fabric is planted too
+    ),
+    "user-wait-stream": Preset(
+        "a user gradient hook calls torch.cuda.current_stream().wait_stream(reduce stream): compute waits for "
+        "every reduce-scatter",
+        {"user_wait_stream": True},
+        ("cross-stream-wait",),
+        {"cross-stream-wait": "user-wait-stream"},
+    ),
+    "harmless-config": Preset(
+        "stage3_prefetch_bucket_size 1e6 (50x below the default) with the host far ahead: every fetch still "
+        "prefetches the next module, so nothing changes (a healthy variant, no cause)",
+        {"prefetch_bucket_size": 1_000_000},
+    ),
 }
+
+# the presets of the first sample sets (samples.py, sample_traces/); later ones are not shipped
+SAMPLE_PRESETS = (
+    "healthy",
+    "seed-5201",
+    "bucket-too-large",
+    "no-overlap-comm",
+    "comms-logger",
+    "throughput-timer",
+    "same-communicator",
+    "max-connections-1",
+    "straggler",
+    "offload-sync",
+    "reduce-throttle",
+    "no-prefetch",
+    "degraded-network",
+    "clock-skew",
+)
 
 
 @dataclass(frozen=True)
 class Cause:
-    """How to remove an effect (counterfactual overrides) and what the user should change."""
+    """How to remove an effect (counterfactual overrides) and what the user should change; `rule` is the rule
+    truth.json names when it is not the key (several effects can plant one rule), `extra` adds truth fields."""
 
     counterfactual: Callable[[SimConfig], dict[str, Any]]
     fix: Callable[[SimConfig], dict[str, Any]]
     ranks: Callable[[SimConfig], list[int]] = lambda cfg: list(range(cfg.world_size))
+    rule: str | None = None
+    extra: Callable[[SimConfig], dict[str, Any]] = lambda cfg: {}
 
 
 def _timer_fix(cfg: SimConfig) -> dict[str, Any]:
@@ -184,6 +239,26 @@ CAUSES: dict[str, Cause] = {
     "epilogue-sync": Cause(lambda cfg: {"epilogue_sync": False}, lambda cfg: {}),
     "fetch-throttle": Cause(lambda cfg: {"fetch_event_throttle": False}, lambda cfg: {}),
     "bandwidth-bound": Cause(lambda cfg: {"comm_slowdown": 1.0}, _bandwidth_fix),
+    "gpu-straggler": Cause(
+        lambda cfg: {"straggler_rank": None, "straggler_factor": 1.0, "straggler_scope": "all"},
+        lambda cfg: {},
+        lambda cfg: [cfg.straggler_rank] if cfg.straggler_rank is not None else [],
+        rule="straggler",
+        extra=lambda cfg: {"late_on": "gpu"},
+    ),
+    "host-straggler": Cause(
+        lambda cfg: {"host_delay_rank": None, "host_delay_us": 0.0},
+        lambda cfg: {},
+        lambda cfg: [cfg.host_delay_rank] if cfg.host_delay_rank is not None else [],
+        rule="straggler",
+        extra=lambda cfg: {"late_on": "host", "frames": list(DATALOADER_FRAMES)},
+    ),
+    "user-wait-stream": Cause(
+        lambda cfg: {"user_wait_stream": False},
+        lambda cfg: {},
+        rule="cross-stream-wait",
+        extra=lambda cfg: {"call_site": USER_GRAD_HOOK},
+    ),
     "allgather-not-prefetched": Cause(
         lambda cfg: {"prefetch_bucket_size": 50_000_000},
         lambda cfg: {"config": {"zero_optimization.stage3_prefetch_bucket_size": 50_000_000}},
@@ -204,6 +279,14 @@ NCCL_FOR_TORCH = [
 ]
 
 
+def _same_effect(a: str, b: str) -> bool:
+    """Whether CAUSES keys a and b plant the same rule through the same config fields (`straggler` and
+    `gpu-straggler`): combining their presets keeps one effect, the later preset's."""
+    ca, cb = CAUSES[a], CAUSES[b]
+    fa, fb = set(ca.counterfactual(SimConfig())), set(cb.counterfactual(SimConfig()))
+    return a != b and (ca.rule or a) == (cb.rule or b) and (fa <= fb or fb <= fa)
+
+
 def parse_scenario(name: str) -> list[str]:
     parts = [p.strip() for p in name.split("+") if p.strip()]
     unknown = [p for p in parts if p not in PRESETS]
@@ -220,8 +303,13 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
     overrides: dict[str, Any] = dict(BASE)
     causes: list[str] = []
     for part in parts:
-        overrides.update(PRESETS[part].overrides)
-        causes += [c for c in PRESETS[part].causes if c not in causes]
+        preset = PRESETS[part]
+        overrides.update(preset.overrides)
+        keys = [preset.variants.get(rule, rule) for rule in preset.causes]
+        # an effect planted again by a later preset (same rule, same config fields) is planted once, as the later
+        same = [c for c in causes if any(_same_effect(c, k) for k in keys)]
+        causes = [c for c in causes if c not in same]
+        causes += [k for k in keys if k not in causes]
     given = {k: v for k, v in options.items() if v is not None}
     for key in ("torch_version", "nccl_version", "deepspeed_version"):
         if key in given and not version_tuple(str(given[key])):
@@ -236,8 +324,10 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
         raise UserError("--nodes, --gpus-per-node and --steps must be at least 1")
     if cfg.gpu not in ("A100", "H100"):
         raise UserError(f"unknown --gpu {cfg.gpu!r}; choose A100 or H100")
-    if cfg.straggler_rank == -1:
-        cfg = cfg.with_overrides({"straggler_rank": cfg.seed % cfg.world_size if cfg.world_size > 1 else 0})
+    for key in ("straggler_rank", "host_delay_rank"):  # -k: the rank seed + k - 1 (mod world size)
+        chosen = getattr(cfg, key)
+        if chosen is not None and chosen < 0:
+            cfg = cfg.with_overrides({key: (cfg.seed - chosen - 1) % cfg.world_size if cfg.world_size > 1 else 0})
     if skew:
         offsets = tuple(
             0.0 if n == 0 else round(skew * (jitter(cfg.seed, "clock", n, spread=1.0) - 1.0), 3)
