@@ -243,6 +243,9 @@ class Finding:
     steps: list[int]
     evidence: dict[str, Any]
     fix: Fix = field(default_factory=Fix)
+    # in memory, per-rank findings only: the windows [start, end) (the rank's trace µs) where the compute idle
+    # this finding charges lies; the diagnosis reads them for the share it explains and the unexplained rest
+    covers: Any = field(default=None, compare=False, repr=False, metadata={"json": False})
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,8 @@ class Tool:
 class CollectiveSignature:
     """One rank's collectives in issue order, for the cross-rank rules (stragglers): each collective's key
     (`<process group>|<kind>|<n-th of that kind on that group>`), kernel duration (µs), the share of it that no
-    compute covered, and whether it ran inside a profiled step. Written in per-rank summaries only."""
+    compute covered, and whether it ran inside a profiled step; plus the host's lead-in to each step, which tells a
+    rank whose host starts its steps late. Written in per-rank summaries only."""
 
     keys: list[str]
     dur: list[float]
@@ -290,6 +294,16 @@ class CollectiveSignature:
     steps: int
     bytes: list[int] = field(default_factory=list)  # message bytes (nccl-tests size), -1 unknown; [] in old summaries
     group: list[int] = field(default_factory=list)  # group size, -1 unknown
+    # the host's lead-in to its steps (diagnose/facts/hostgap.py): mean CPU time per step from the start of
+    # `ProfilerStep#N` to the step's first GPU launch, less syncs; None without steps (and in old summaries)
+    host_gap_us: float | None = None
+    host_gap_frames: list[str] = field(default_factory=list)  # the Python frames that spend it, most first (≤ 3)
+    host_gap_frame_us: list[float] = field(default_factory=list)  # their time per step, in the same order
+    # the rank's exposed communication per step (facts/coverage.py): all of it, the part its own findings cover,
+    # and the inherent part no finding covers; None in old summaries
+    exposed_us: float | None = None
+    explained_us: float | None = None
+    inherent_us: float | None = None
 
 
 @dataclass(frozen=True)

@@ -321,12 +321,15 @@ def test_rank_and_step_pickers_and_host_lane(driver, tmp_path):
     k = max(
         (i for i in range(len(host["s"])) if step["start"] <= host["s"][i] < step["end"]), key=lambda i: host["d"][i]
     )
-    text = hover(host["s"][k] + host["d"][k] / 2, len(data["lanes"]) + 1)
+    # the tooltip names the shortest blamed event within a few pixels of the cursor: that one is expected
+    margin = 2 * (v1 - v0) / (width - 156)
+    mid = host["s"][k] + host["d"][k] / 2
+    near = [j for j in range(len(host["s"])) if host["s"][j] - margin <= mid <= host["s"][j] + host["d"][j] + margin]
+    k = min(near, key=lambda j: host["d"][j])
+    text = hover(mid, len(data["lanes"]) + 1)
     assert f"finding {host['f'][k] + 1}: " in text and host["title"][k] in text
     driver.find_element(By.ID, "timeline").screenshot(str(_artifact("report-timeline-host-lane.png")))
-    ActionChains(driver).move_to_element_with_offset(
-        canvas, *point(host["s"][k] + host["d"][k] / 2, len(data["lanes"]) + 1)
-    ).click().perform()
+    ActionChains(driver).move_to_element_with_offset(canvas, *point(mid, len(data["lanes"]) + 1)).click().perform()
     assert driver.execute_script("return location.hash") == f"#finding-{host['f'][k]}"
 
     # a collective: duration, start, stream and size in the tooltip

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from overlapcheck.diagnose.registry import BY_ID
 from overlapcheck.model import Finding
 from overlapcheck.pipeline import analyze
 
@@ -25,7 +26,8 @@ def raw_events(path: Path) -> list[dict[str, Any]]:
 def findings(path: Path) -> list[Finding]:
     report = analyze(path, jobs=1)
     out = report.findings
-    assert [f.cost_us for f in out] == sorted((f.cost_us for f in out), reverse=True)
+    ranked = [(BY_ID[f.rule].limit, -f.cost_us) for f in out]
+    assert ranked == sorted(ranked)  # by cost, the hardware's limits after the causes
     for f, doc in zip(out, report.to_dict()["findings"], strict=True):
         assert set(doc) == FINDING_KEYS, f.rule
         assert f.severity in ("critical", "warning", "info") and f.cost_us >= 0
@@ -47,7 +49,8 @@ def test_benchmark_syncs_are_all_found_with_their_call_sites(shared_traces: Path
     found = findings(path)
     counts = sync_counts(found)
     assert counts["cudaStreamSynchronize"] == raw["cudaStreamSynchronize"] == 16
-    assert counts["cudaDeviceSynchronize"] == raw["cudaDeviceSynchronize"] == 5
+    # its 5 cudaDeviceSynchronize calls return without waiting for anything (no GPU work ends inside any)
+    assert raw["cudaDeviceSynchronize"] == 5 and counts["cudaDeviceSynchronize"] == 0
     copy_sync = next(f for f in found if f.evidence["calls"] == ["cudaStreamSynchronize"])
     assert copy_sync.evidence["call_site"] == "aten::copy_ < aten::_to_copy < aten::to"  # .to(device) copies
     # the pageable host-to-device copies that block the host in cudaMemcpyAsync are reported too
@@ -73,7 +76,8 @@ def test_event_sync_trace_counts_only_the_blocking_sync(shared_traces: Path) -> 
     event_syncs = [e for e in events if e.get("cat") == "cuda_sync" and e["name"] == "Event Sync"]
     assert event_syncs and all(e["args"]["correlation"] in queries for e in event_syncs)  # allocator queries
     found = findings(path)
-    assert sync_counts(found) == Counter({"cudaDeviceSynchronize": 1})
+    # its one cudaDeviceSynchronize is the profiler's stop: the last call, no enclosing op, nothing issued after
+    assert sync_counts(found) == Counter()
 
 
 def nccl_time(path: Path) -> float:
@@ -99,10 +103,9 @@ def test_ddp_event_syncs_are_attributed_to_the_forward(shared_traces: Path) -> N
     path = shared_traces / "nccl-single-rank" / "nccl_data.json.gz"
     raw = Counter(e["name"] for e in raw_events(path) if e.get("cat") == "cuda_runtime")
     found = findings(path)
-    assert sync_counts(found)["cudaEventSynchronize"] == raw["cudaEventSynchronize"] == 24
-    syncs = [f for f in found if f.rule == "host-sync"]
-    sites = {f.evidence["call_site"] for f in syncs if "cudaEventSynchronize" in f.evidence["calls"]}
-    assert sites == {"DistributedDataParallel.forward < ## forward ##"}
+    # DDP's 24 cudaEventSynchronize calls (8 at the start of each forward) return in 2-9 µs without waiting for
+    # any GPU work (none ends inside them; the first step's come before any GPU activity of the trace)
+    assert raw["cudaEventSynchronize"] == 24 and sync_counts(found)["cudaEventSynchronize"] == 0
 
 
 def test_python_stack_names_the_innermost_user_frame(shared_traces: Path) -> None:

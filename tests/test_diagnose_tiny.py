@@ -112,11 +112,14 @@ def test_generic_sync_without_stacks_names_enclosing_ops(tmp_path: Path) -> None
 
 
 def test_sync_that_leaves_work_queued_costs_nothing(tmp_path: Path) -> None:
-    # the host returns at 50 while the first kernel still runs until 100; the next one is queued behind it
+    # the host waits until 45 for a side-stream kernel (the event's), returns at 50 while the first kernel still
+    # runs until 100; the next one is queued behind it
     events = [
         step(1, 0, 300),
         launch(0, 1),
         kernel(GEMM, 0, 100, corr=1),
+        launch(4, 9),
+        kernel(GEMM, 5, 40, stream=8, corr=9),
         runtime("cudaEventSynchronize", 10, 40, 2),
         launch(60, 3),
         kernel(GEMM, 100, 50, corr=3),

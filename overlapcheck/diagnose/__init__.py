@@ -11,12 +11,16 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from overlapcheck.diagnose.facts.coverage import coverage
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, RULES, Rule
+from overlapcheck.diagnose.rules.exposure import MIN_STEP_SHARE as UNEXPLAINED_SHARE
 from overlapcheck.diagnose.rules.stragglers import collective_signature
 from overlapcheck.job import JobContext
 from overlapcheck.model import SEVERITIES, Blame, CollectiveSignature, Finding, Fix, RankMetrics, RankResult
 from overlapcheck.trace.model import TraceModel
+
+LIMITS = frozenset(rule.id for rule in RULES if rule.limit)
 
 
 def diagnose_rank(
@@ -46,8 +50,20 @@ def _diagnose(facts: RankFacts) -> tuple[list[Finding], CollectiveSignature | No
         # DeepSpeed always has the inherent syncs: report them only when they cost something
         found.extend(f for f in rule.find(facts) if not (rule.inherent and f.cost_us < INHERENT_MIN_US))
     found = _apply_claims(found)
+    cov = coverage(facts, found, LIMITS)
+    for rule in RULES:
+        if rule.residual is not None:
+            found += rule.residual(facts, cov)
     step_us = facts.step_time_us
-    return [_with_severity(f, step_us) for f in found], collective_signature(facts)
+    signature = collective_signature(facts)
+    if signature is not None:
+        signature = dataclasses.replace(
+            signature,
+            exposed_us=round(cov.exposed_us, 3),
+            explained_us=round(cov.explained_us, 3),
+            inherent_us=round(cov.inherent_us, 3),
+        )
+    return [dataclasses.replace(_with_severity(f, step_us), covers=None) for f in found], signature
 
 
 def _apply_claims(findings: list[Finding]) -> list[Finding]:
@@ -80,9 +96,16 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
     """Merge per-rank findings across ranks, add cross-rank findings, rank them by cost.
 
     `results` in rank order. Returns the findings and the share of exposed communication they explain."""
+    crossed = [f for rule in RULES if rule.cross is not None for f in rule.cross(results, job)]
+    across = _cross_covers(crossed)
     groups: dict[tuple[str, tuple[object, ...]], list[Finding]] = {}
     for r in results:
         for f in r.findings:
+            if BY_ID[f.rule].residual is not None:
+                rest = _less_cross_explained(f, r, across)
+                if rest is None:
+                    continue
+                f = rest
             key = tuple(repr(f.evidence.get(field)) for field in BY_ID[f.rule].distinct_by)
             groups.setdefault((f.rule, key), []).append(f)
     merged = [
@@ -90,16 +113,70 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
         for m in (_merge(group) for group in groups.values())
         if not BY_ID[m[0].rule].inherent or m[0].cost_us >= INHERENT_MIN_US
     ]
-    for rule in RULES:
-        if rule.cross is not None:
-            merged.extend((f, {}) for f in rule.cross(results, job))
+    merged = _claimed_across(merged, crossed)
+    merged.extend((dataclasses.replace(f, covers=None), {}) for f in crossed)
     findings = _paced_by_straggler(merged)
     findings = [_drop_applied(f, job) for f in findings]
     ranks = [r.metrics for r in results]
     step_us = _mean([r.step_time_us / max(1, len(r.steps)) for r in ranks if r.step_time_us])
     findings = [_with_severity(f, step_us) for f in findings]
-    findings.sort(key=lambda f: (-f.cost_us, f.rule))
-    return findings, _explained(ranks, findings)
+    findings.sort(key=lambda f: (BY_ID[f.rule].limit, -f.cost_us, f.rule))
+    return findings, _explained(results, across)
+
+
+def _cross_covers(crossed: list[Finding]) -> dict[int, float]:
+    """Per rank: the exposed communication per step the cross-rank findings explain there (their `covers`: rank
+    -> µs per step, e.g. the time a rank waits inside collectives for a straggler)."""
+    out: dict[int, float] = {}
+    for f in crossed:
+        if isinstance(f.covers, dict):
+            for rank, us in f.covers.items():
+                out[int(rank)] = out.get(int(rank), 0.0) + float(us)
+    return out
+
+
+def _less_cross_explained(f: Finding, result: RankResult, across: dict[int, float]) -> Finding | None:
+    """A rank's unexplained exposure, less what the cross-rank findings explain on that rank; None when too
+    little is left to report."""
+    rank = result.metrics.rank
+    explained = across.get(rank, 0.0) if rank is not None else 0.0
+    if not explained:
+        return f
+    cost = round(max(0.0, f.cost_us - explained), 3)
+    steps = result.metrics.steps
+    step_us = (result.metrics.step_time_us or 0.0) / max(1, len(steps))
+    if cost <= 0 or cost < UNEXPLAINED_SHARE * step_us:
+        return None
+    evidence = {**f.evidence, "unexplained_us_per_step": cost, "explained_across_ranks_us_per_step": explained}
+    return dataclasses.replace(f, cost_us=cost, evidence=evidence)
+
+
+def _claimed_across(merged: list[tuple[Finding, RankCosts]], crossed: list[Finding]) -> list[tuple[Finding, RankCosts]]:
+    """Subtract from the merged findings of the rules a cross-rank finding explains what it explains on each rank
+    (its `covers`: rank -> µs per step; the costliest claimed finding of a rank first), so that one exposed
+    microsecond is charged once: the other ranks' waits for a straggler are the straggler's, not stream waits."""
+    for claimant in crossed:
+        explains = BY_ID[claimant.rule].explains
+        covers = claimant.covers if isinstance(claimant.covers, dict) else {}
+        claimed = sorted(
+            (i for i, (f, _) in enumerate(merged) if f.rule in explains), key=lambda i: -merged[i][0].cost_us
+        )
+        if not claimed or not covers:
+            continue
+        budget = {int(r): float(us) for r, us in covers.items()}
+        for i in claimed:
+            f, costs = merged[i]
+            left = {}
+            for rank, cost in costs.items():
+                take = min(cost, budget.get(rank, 0.0))
+                budget[rank] = budget.get(rank, 0.0) - take
+                left[rank] = cost - take
+            if left == costs:
+                continue
+            cost = round(_mean(list(left.values())), 3)
+            evidence = {**f.evidence, "explained_by": claimant.rule}
+            merged[i] = (dataclasses.replace(f, cost_us=cost, evidence=evidence), left)
+    return merged
 
 
 RankCosts = dict[int, float]  # rank -> that rank's cost of one merged finding
@@ -142,12 +219,29 @@ def _paced_by_straggler(findings: list[tuple[Finding, RankCosts]]) -> list[Findi
     return out
 
 
-def _explained(ranks: Sequence[RankMetrics], findings: list[Finding]) -> float | None:
-    """Share of the exposed communication per step (mean over ranks) that the findings' costs account for."""
-    exposed = _mean([r.exposed_per_step() for r in ranks if r.collectives["all"].count])
+def _explained(results: Sequence[RankResult], across: dict[int, float]) -> float | None:
+    """Share of the exposed communication (summed over ranks) that the findings cover: per rank, the union of its
+    own findings' windows (facts/coverage.py), plus what the cross-rank findings explain there, counted only on
+    the part the rank's own findings left uncovered. Old summaries without coverage count their findings'
+    costs, at most the rank's exposed time."""
+    exposed = explained = 0.0
+    for r in results:
+        if not r.metrics.collectives["all"].count:
+            continue
+        sig = r.signature
+        rank_exposed = (
+            sig.exposed_us if sig is not None and sig.exposed_us is not None else r.metrics.exposed_per_step()
+        )
+        if sig is not None and sig.explained_us is not None:
+            own = sig.explained_us
+        else:
+            own = sum(f.cost_us for f in r.findings)
+        own = min(own, rank_exposed)
+        cross = across.get(r.metrics.rank, 0.0) if r.metrics.rank is not None else 0.0
+        exposed += rank_exposed
+        explained += own + min(rank_exposed - own, cross)
     if not exposed:
         return None
-    explained = sum(f.cost_us for f in findings)
     return round(min(1.0, explained / exposed), 4)
 
 

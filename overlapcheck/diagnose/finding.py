@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from overlapcheck.analysis import intervals as iv
 from overlapcheck.model import Finding, Fix
 
 # ds_config keys that DeepSpeed also accepts at the top level of zero_optimization without the prefix
@@ -27,9 +28,12 @@ def finding(
     steps: list[int],
     evidence: dict[str, Any],
     fix: Fix | None = None,
+    covers: iv.Intervals | dict[int, float] | None = None,
 ) -> Finding:
     """A rank's finding. Its severity is set by the diagnosis from its cost (diagnose/__init__.py), first against
-    its own rank's step, then across ranks; `info` until then."""
+    its own rank's step, then across ranks; `info` until then. `covers`: the windows of the rank's trace where
+    the compute idle it charges lies (what it explains of the exposed communication); for a cross-rank finding,
+    rank -> the exposed µs per step it explains on that rank."""
     return Finding(
         rule=rule,
         severity="info",
@@ -40,6 +44,7 @@ def finding(
         steps=sorted(steps),
         evidence=evidence,
         fix=fix or Fix(),
+        covers=covers,
     )
 
 

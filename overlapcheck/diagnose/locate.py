@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from overlapcheck.diagnose.facts.hostsyncs import OWNERS, STARVED_LAUNCH_US, starvation_windows
-from overlapcheck.diagnose.facts.stalls import not_prefetched, on_demand, rest
 from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.diagnose.facts.waitsites import stalls_at
 from overlapcheck.diagnose.registry import BY_ID
+from overlapcheck.diagnose.rules.waits import not_prefetched_costs, wait_costs
 from overlapcheck.model import Blame, Finding
 from overlapcheck.trace import classify as C
 
@@ -117,16 +118,13 @@ def _waits(view: RankFacts, findings: list[Finding]) -> list[Blame]:
     out: list[Blame] = []
     for f in findings:
         if f.rule == "cross-stream-wait":
-            left = rest(view, st, view.claimed_by_communicator)
-            left[on_demand(view, st)] = 0.0
-            left[np.isin(st.comm, view.first_gathers)] = 0.0
+            costs = wait_costs(view)
             name = f.evidence.get("waited_for")
             kind = C.COLLECTIVES.index(name) if name in C.COLLECTIVES else -1
-            sel = np.flatnonzero((kinds == kind) & (left > 0))
-            costs = left
+            at_site = stalls_at(view, f.evidence.get("call_site"))
+            sel = np.flatnonzero((kinds == kind) & at_site & (costs > 0))
         elif f.rule == "allgather-not-prefetched":
-            mask = not_prefetched(view, st)
-            costs = rest(view, st, view.claimed_by_communicator)
+            mask, costs = not_prefetched_costs(view)
             sel = np.flatnonzero(mask)
             name = "all_gather (not prefetched)"
         else:

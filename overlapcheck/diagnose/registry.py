@@ -9,13 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from overlapcheck.diagnose.facts.coverage import Coverage
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.diagnose.rules import bandwidth, buckets, stragglers, streams, syncs, waits
+from overlapcheck.diagnose.rules import bandwidth, buckets, exposure, stragglers, streams, syncs, waits
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, RankResult
 
 RankRule = Callable[[RankFacts], list[Finding]]
 CrossRule = Callable[[Sequence[RankResult], JobContext], list[Finding]]
+ResidualRule = Callable[[RankFacts, Coverage], list[Finding]]
 
 CRITICAL_SHARE = 0.10  # cost / step time at or above which a finding is critical
 WARNING_SHARE = 0.03
@@ -24,12 +26,17 @@ INHERENT_MIN_US = 1.0  # an inherent rule's finding is reported only from this c
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule: its id (the findings' `rule`), its function, and how its findings are weighed.
+    """One rule: its id (the findings' `rule`), its function, and how its findings are weighed. The function is
+    one of `find` (per rank, on its facts), `residual` (per rank, after every `find` rule, on the exposed
+    communication their findings leave uncovered) or `cross` (across ranks, on every rank's result).
 
     - `severity_cap`: the highest severity its findings may get (None: from the cost alone);
     - `inherent`: every ZeRO-3 run has this cause; its findings are kept only from INHERENT_MIN_US per step;
     - `shares`: the (critical, warning) shares of the step for its severity;
-    - `explains`: rules whose cost on the same rank this rule's findings already explain (subtracted there);
+    - `explains`: rules whose cost this rule's findings already explain (subtracted there: on the same rank for a
+      per-rank rule, from the merged findings for a cross-rank rule);
+    - `limit`: its findings describe a limit of the hardware (the transfer itself outruns the compute), not a
+      cause to remove: ranked after the causes;
     - `distinct_by`: evidence fields that tell two findings of this rule apart (one per call site, per
       collective); findings of the same rule on several ranks merge when these fields agree.
     """
@@ -37,11 +44,13 @@ class Rule:
     id: str
     find: RankRule | None = None
     cross: CrossRule | None = None
+    residual: ResidualRule | None = None
     severity_cap: str | None = None
     inherent: bool = False
     shares: tuple[float, float] = (CRITICAL_SHARE, WARNING_SHARE)
     explains: tuple[str, ...] = ()
     distinct_by: tuple[str, ...] = ()
+    limit: bool = False
 
 
 RULES: tuple[Rule, ...] = (
@@ -61,10 +70,17 @@ RULES: tuple[Rule, ...] = (
     Rule("allgather-not-prefetched", waits.allgather_not_prefetched),
     # ZeRO-3 always waits for the first all-gather of a pass, and for prefetched gathers slower than the
     # compute they hide behind: a wait is partly inherent, so it needs a larger share to matter
-    Rule("cross-stream-wait", waits.cross_stream_waits, shares=(0.15, 0.05), distinct_by=("waited_for",)),
-    Rule("straggler", cross=stragglers.straggler),
+    # the transfer itself outruns the compute beside it: no schedule fix; bandwidth-bound owns it when it dominates
+    Rule("allgather-transfer-bound", waits.allgather_transfer_bound, severity_cap="info", limit=True),
+    Rule("cross-stream-wait", waits.cross_stream_waits, shares=(0.15, 0.05), distinct_by=("waited_for", "call_site")),
+    # the other ranks' waits inside collectives for the straggler stall their compute: those stalls are its
+    Rule("straggler", cross=stragglers.straggler, explains=("cross-stream-wait", "allgather-transfer-bound")),
     # the floor no schedule could hide at the measured bandwidth (docs/rules.md)
-    Rule("bandwidth-bound", cross=bandwidth.bandwidth_bound),
+    Rule(
+        "bandwidth-bound", cross=bandwidth.bandwidth_bound, explains=("cross-stream-wait", "allgather-transfer-bound")
+    ),
+    # after every per-rank rule, on the exposed communication their findings leave uncovered (facts/coverage.py)
+    Rule("unexplained-exposure", residual=exposure.unexplained_exposure, severity_cap="warning"),
 )
 
 BY_ID = {rule.id: rule for rule in RULES}

@@ -1,20 +1,25 @@
-"""Stream concurrency and shared communicators: whether two streams ever run at once, which process group
+"""Stream concurrency and shared communicators: whether two streams ever run at once and, when none do, whether
+the trace shows the hardware queue serializing them (no explicit wait explains it); which process group
 carries both all-gathers and reduce-scatters, and how long collectives queued behind each other on it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.facts import waitsites
 from overlapcheck.diagnose.facts.sizing import AG, RS
-from overlapcheck.diagnose.facts.stalls import DEPENDENCY_TOLERANCE_US, Stalls
+from overlapcheck.diagnose.facts.stalls import DEPENDENCY_TOLERANCE_US, STALL_MIN_US, Stalls
 
 if TYPE_CHECKING:
     from overlapcheck.diagnose.facts.view import RankFacts
 
 CONCURRENT_SHARE = 0.002  # below this share of busy time with two streams active, streams never overlap
+# what serializes every stream: one hardware queue, or synchronous launches (the values that do it)
+SERIALIZING_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_LAUNCH_BLOCKING": "1"}
 
 
 def concurrency(view: RankFacts) -> tuple[float, float, int]:
@@ -32,6 +37,125 @@ def no_concurrency(view: RankFacts) -> bool:
     return bool(n >= 2 and comm_elsewhere and total > 0 and both <= CONCURRENT_SHARE * total)
 
 
+@dataclass(frozen=True)
+class Serialization:
+    """Why no two streams run at once: the serializations the trace shows, explained by an explicit stream wait
+    (`cudaStreamWaitEvent`, facts/waitsites.py) or by nothing but launch order.
+
+    A *stall* is a compute-stream stall (facts/stalls.py) on an activity launched before the stalled one; a
+    *held collective* is a collective off the compute stream that started only when an activity launched before
+    it on another stream (compute, or the compute stream's) ended, later than its launch and its own stream
+    allowed. Unexplained, both are what one hardware queue does (kernels run in launch order across streams);
+    explained, they are the program's dependencies. The queue is the explanation when the unexplained ones
+    outnumber the stalls the waits explain (a collective held after a wait for that compute is the program's
+    order in any configuration, so it weighs neither way) and they cost compute time."""
+
+    explained_stalls: int
+    unexplained_stalls: int  # in launch order, no wait made them wait
+    explained_held: int
+    unexplained_held: int
+    unexplained_cost_us: float  # per step: stall idle the unexplained serializations account for
+    env: dict[str, str]  # the serializing variables the job's environment sets (when it records one)
+    held: np.ndarray  # GPU rows of the unexplained held collectives
+    stall_unexplained: np.ndarray  # per stall: in launch order with no wait
+
+    @property
+    def unexplained(self) -> int:
+        return self.unexplained_stalls + self.unexplained_held
+
+    @property
+    def explained(self) -> int:
+        return self.explained_stalls
+
+    @property
+    def hardware_queue(self) -> bool:
+        """The hardware-queue explanation is founded: the job sets a serializing variable, or most
+        serializations have no explicit wait behind them and they cost compute time."""
+        if self.env:
+            return True
+        return self.unexplained > self.explained and self.unexplained_cost_us > 0
+
+
+def serialization(view: RankFacts) -> Serialization:
+    return view.memo("serialization", _serialization)
+
+
+def hardware_serialized(view: RankFacts) -> bool:
+    """No two streams ever run at once, and the hardware queue, not the program's waits, is why."""
+    return view.no_concurrency and serialization(view).hardware_queue
+
+
+def serializing_env(view: RankFacts) -> dict[str, str]:
+    """The variables of the job's environment (when the job context records it) that serialize streams."""
+    env = view.job.env
+    if env is None:
+        return {}
+    return {k: v for k, v in SERIALIZING_ENV.items() if str(env.get(k, "")) == v}
+
+
+def _serialization(view: RankFacts) -> Serialization:
+    st = view.stalls
+    sw = waitsites.stall_waits(view)
+    explained_stall = (sw.wait >= 0) & sw.known
+    unexplained_stall = (sw.wait < 0) & sw.known & sw.in_launch_order
+    held, held_explained = held_collectives(view)
+    steps_ok = view.in_steps(view.launch[st.kernel]) if len(st.kernel) else np.zeros(0, dtype=bool)
+    # a stall is the unexplained serialization's when no wait made it wait, or when what it waited for was a
+    # collective that the queue held behind earlier compute
+    owned = unexplained_stall | (np.isin(st.comm, held[~held_explained]) & (st.comm >= 0))
+    cost = float(st.cost[owned & steps_ok].sum()) / view.n_steps
+    return Serialization(
+        explained_stalls=int(explained_stall.sum()),
+        unexplained_stalls=int(unexplained_stall.sum()),
+        explained_held=int(held_explained.sum()),
+        unexplained_held=int((~held_explained).sum()),
+        unexplained_cost_us=round(cost, 3),
+        env=serializing_env(view),
+        held=held[~held_explained],
+        stall_unexplained=unexplained_stall,
+    )
+
+
+def held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+    """Collectives off the compute stream that started only when an activity launched before them on another
+    stream ended (compute, or on the compute stream), at least STALL_MIN_US after both their launch and their
+    own stream allowed; and, for each, whether an explicit wait made its stream wait (issued on its launching
+    thread, or recorded on its stream, after that activity's launch and before its own)."""
+    g = view.gpu
+    comm = np.flatnonzero(view.is_comm & (g.stream != view.compute_stream))
+    empty = np.zeros(0, dtype=np.int64)
+    if not len(comm):
+        return empty, np.zeros(0, dtype=bool)
+    ready = np.maximum(view.launch[comm], previous_end_on_stream(view)[comm])
+    comm = comm[g.start[comm] - ready >= STALL_MIN_US]
+    blockers = np.flatnonzero(view.is_compute | (g.stream == view.compute_stream))
+    if not len(comm) or not len(blockers):
+        return empty, np.zeros(0, dtype=bool)
+    blockers = blockers[np.argsort(g.end[blockers], kind="stable")]
+    ends = g.end[blockers]
+    lo = np.searchsorted(ends, g.start[comm] - DEPENDENCY_TOLERANCE_US, side="left")
+    hi = np.searchsorted(ends, g.start[comm] + DEPENDENCY_TOLERANCE_US, side="right")
+    w = waitsites.waits(view)
+    threads = view.launch_thread
+    has_records = bool((w.stream >= 0).any())
+    rows, explained = [], []
+    for c, a, b in zip(comm.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        if threads[c] < 0 and not has_records:
+            continue  # how it was launched is not in the trace: no telling whether something made it wait
+        cand = blockers[a:b]
+        cand = cand[(g.stream[cand] != g.stream[c]) & (view.launch[cand] <= view.launch[c])]
+        if not len(cand):
+            continue
+        since = float(view.launch[cand].min())  # the widest window a wait could have been issued in
+        on = int(g.stream[cand[-1]])
+        hit = waitsites.latest_wait(w, int(threads[c]), int(g.stream[c]), since, float(view.launch[c]), on)
+        # a wait for yet another stream (e.g. the NCCL stream waiting for the stream the caller is on) does not
+        # make the collective wait for the compute that held it
+        rows.append(c)
+        explained.append(hit >= 0 and (w.wait_on[hit] < 0 or bool(np.isin(w.wait_on[hit], g.stream[cand]))))
+    return np.array(rows, dtype=np.int64), np.array(explained, dtype=bool)
+
+
 def serialized_delay(view: RankFacts, st: Stalls) -> np.ndarray:
     """For each stall: how long its collective waited behind a collective of another kind on the same
     communicator (it started as that one ended, later than its stream let it)."""
@@ -41,7 +165,7 @@ def serialized_delay(view: RankFacts, st: Stalls) -> np.ndarray:
     if not len(comm):
         return out
     comm = comm[np.argsort(g.end[comm], kind="stable")]
-    stream_end = _previous_end_on_stream(view)
+    stream_end = previous_end_on_stream(view)
     for n, c in enumerate(st.comm.tolist()):
         if c < 0 or g.pg[c] < 0:
             continue
@@ -55,7 +179,7 @@ def serialized_delay(view: RankFacts, st: Stalls) -> np.ndarray:
     return out
 
 
-def _previous_end_on_stream(view: RankFacts) -> np.ndarray:
+def previous_end_on_stream(view: RankFacts) -> np.ndarray:
     """End of the activity before each one on its own stream (-inf for the first)."""
     g = view.gpu
     order = np.lexsort((g.start, g.stream))
@@ -85,16 +209,23 @@ def shared_communicator(view: RankFacts) -> str | None:
 def reduce_scatter_tail_delay(view: RankFacts, pg: str) -> float:
     """Per step: end of the last reduce-scatter minus its end when its stream is replayed without the waits
     behind all-gathers of the same communicator (other activities keep any wait that was not their stream)."""
+    return iv.length(reduce_scatter_tail_windows(view, pg)) / view.n_steps
+
+
+def reduce_scatter_tail_windows(view: RankFacts, pg: str) -> iv.Intervals:
+    """The windows `reduce_scatter_tail_delay` measures: per step and stream, from the replayed end of the
+    step's last reduce-scatter to its observed end."""
     g = view.gpu
     pg_index = view.model.name_index(pg)
     rs = view.is_comm & (g.coll == RS) & (g.pg == pg_index)
-    total = 0.0
+    starts: list[float] = []
+    ends: list[float] = []
     for stream in np.unique(g.stream[rs]).tolist():
         rows = np.flatnonzero(g.stream == stream)
         rows = rows[np.argsort(g.start[rows], kind="stable")]
         ag_ends = np.sort(g.end[view.is_comm & (g.coll == AG) & (g.pg == pg_index)])
         prev_obs, prev_new = -np.inf, -np.inf
-        gain: dict[int, float] = {}
+        last: dict[int, tuple[float, float]] = {}
         for r in rows.tolist():
             start = float(g.start[r])
             behind_ag = rs[r] and _ends_at(ag_ends, start)
@@ -103,9 +234,12 @@ def reduce_scatter_tail_delay(view: RankFacts, pg: str) -> float:
             new_start = max(ready, prev_new)
             prev_obs, prev_new = float(g.end[r]), new_start + float(g.end[r] - g.start[r])
             if rs[r]:
-                gain[int(view.gpu_step[r])] = float(g.end[r]) - prev_new  # the step's last one wins
-        total += sum(max(0.0, v) for k, v in gain.items() if k >= 0 or not len(view.model.steps))
-    return total / view.n_steps
+                last[int(view.gpu_step[r])] = (prev_new, float(g.end[r]))  # the step's last one wins
+        for k, (new_end, end) in last.items():
+            if end > new_end and (k >= 0 or not len(view.model.steps)):
+                starts.append(new_end)
+                ends.append(end)
+    return iv.union(np.array(starts), np.array(ends))
 
 
 def _ends_at(sorted_ends: np.ndarray, t: float) -> bool:

@@ -1,17 +1,20 @@
 """Host-blocking synchronizations and what each one cost.
 
 A host sync (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, a synchronous or pageable
-memcpy, `.item()`) stops the launching thread until the GPU catches up. It costs something only when the compute
-stream then runs dry: a starvation window is a gap on the compute stream before an activity that started as soon
-as the host launched it. The calls that returned inside such a window delayed that launch; see `chain_costs` for
-how the window's idle time is shared among them. Each sync is owned by the first rule in OWNERS whose call
+memcpy, `.item()`) stops the launching thread until the GPU catches up. A call counts only when the trace shows
+it waited (`awaited_work`: GPU work it had issued before ended inside it); the profiler's own syncs and those
+outside the profiled steps are left out. It costs something only when the compute stream then runs dry, or
+when the collective its thread issued next came late and compute stalled on it (facts/delays.py). A starvation
+window is a gap on the compute stream before an activity that started as soon as the host launched it. The
+calls that returned inside such a window delayed that launch; see `chain_costs` for how the window's idle time is
+shared among them. Each sync is owned by the first rule in OWNERS whose call
 stack matches (the sync rules in rules/syncs.py report them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,13 +39,18 @@ SYNC_CALLS = {
 }
 MEMCPY_CALLS = {"cudaMemcpyAsync", "cuMemcpyAsync", "cuMemcpyDtoHAsync_v2"}
 BLOCKING_SYNC_KINDS = {"Stream Sync", "Context Sync", "Event Sync"}
-MIN_BLOCKING_COPY_US = 20.0  # an async copy call that lasts as long as its transfer blocked the host
+MIN_BLOCKING_COPY_US = 20.0  # a pageable host-to-device copy call shorter than this is launch overhead
 STARVED_LAUNCH_US = 30.0  # an activity that starts this soon after its launch call was waiting for the host
+WAIT_TOLERANCE_US = 5.0  # CPU vs GPU clocks: GPU work ending this soon after a call returned was waited for
+# torch.profiler synchronizes the device when it starts and stops (profile.__exit__ / stop_trace)
+PROFILER_FRAMES = ("torch/profiler/profiler.py", "torch/autograd/profiler.py")
 
 
 @dataclass
 class Sync:
-    """One host-blocking call."""
+    """One blocking call candidate: a sync call, a copy call, or a cuda_sync event without its runtime call.
+    `awaited`: the GPU rows it waited for (`awaited_work`); empty when it returned without waiting for the GPU
+    (its time is host overhead: not a finding, not charged)."""
 
     start: float
     end: float
@@ -50,47 +58,166 @@ class Sync:
     call: str
     site: dict[str, Any]
     funcs: set[str]
+    awaited: list[int] = field(default_factory=list)
+
+    @property
+    def waited(self) -> bool:
+        return bool(self.awaited)
+
+    @property
+    def blocked(self) -> float:
+        return self.end - self.start
+
+
+def awaited_work(
+    view: RankFacts,
+    start: float,
+    end: float,
+    stream: int = -1,
+    copy: int = -1,
+    waits_queue: bool = True,
+    asynchronous: bool = False,
+) -> list[int]:
+    """The GPU work a host call waited for: what makes it host-blocking. A call blocks only when it returned
+    after GPU work it waited for had ended (within WAIT_TOLERANCE_US of the CPU/GPU clocks):
+
+    - `waits_queue` (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy, cuda_sync
+      events): GPU activities that were already issued (running or queued) when the call began and ended inside
+      it, [start, end + tolerance]; on `stream` when the trace says which stream was synced (the Stream Sync
+      event of the call, the stream of a synchronous copy), else on any stream. None: it returned without
+      waiting (the work it waited for had finished: host overhead only).
+    - `copy` (the GPU row of the call's own copy, >= 0): the copy when it started before the call returned and
+      ended by the time it returned (tolerance included), and its memory can block the host at all (CUDA's "API
+      synchronization behavior": a copy between device memories never synchronizes the host, nor does an
+      asynchronous copy to or from pinned memory, whatever the timestamps say; a copy from or to pageable
+      memory does). A cudaMemcpyAsync that returns before its copy starts or ends did not block the host. One
+      exception: from pageable memory to the device the driver stages the data through pinned buffers and
+      returns once the last chunk is staged, so a call that ran beside most of its copy (at least half, and at
+      least MIN_BLOCKING_COPY_US) fed the DMA chunk by chunk: it waited for it, though the last chunk lands
+      after it returns. A pageable copy also waits for the work queued on its stream before it (the stream
+      sync the driver does first), which the caller passes as `waits_queue` on the copy's stream;
+      `asynchronous`: the call is cudaMemcpyAsync (not cudaMemcpy).
+
+    Returns the awaited GPU rows (empty: not host-blocking)."""
+    g = view.gpu
+    out: list[int] = []
+    if copy >= 0 and _copy_can_block(view, copy, asynchronous):
+        c_start, c_end = float(g.start[copy]), float(g.end[copy])
+        if c_start < end and c_end <= end + WAIT_TOLERANCE_US:
+            out.append(copy)
+        elif c_start < end and end - start >= MIN_BLOCKING_COPY_US and _pageable_to_device(view, copy):
+            inside = min(end, c_end) - max(start, c_start)
+            if inside >= 0.5 * (c_end - c_start):
+                out.append(copy)
+    if waits_queue:
+        by_end = _rows_by_end(view)
+        ends = g.end[by_end]
+        a = int(np.searchsorted(ends, start, side="left"))
+        b = int(np.searchsorted(ends, end + WAIT_TOLERANCE_US, side="right"))
+        rows = by_end[a:b]
+        rows = rows[(view.launch[rows] < start) & (g.start[rows] < end)]
+        if stream >= 0:
+            rows = rows[g.stream[rows] == stream]
+        out += [r for r in rows.tolist() if r != copy]
+    return out
+
+
+def _rows_by_end(view: RankFacts) -> np.ndarray:
+    """GPU rows sorted by end (once per rank: `awaited_work` runs once per call)."""
+    return view.memo("rows_by_end", lambda v: np.argsort(v.gpu.end, kind="stable"))
+
+
+def _copy_can_block(view: RankFacts, row: int, asynchronous: bool) -> bool:
+    """Whether a copy can hold the host at all, by the memory it moves (the GPU activity's name, e.g.
+    `Memcpy DtoH (Device -> Pageable)`): never between device memories, nor asynchronously with pinned memory."""
+    name = view.names[view.gpu.name[row]]
+    if "DtoD" in name or "PtoP" in name or "Device -> Device" in name:
+        return False
+    return not (asynchronous and "Pinned" in name)
+
+
+def _pageable(view: RankFacts, row: int) -> bool:
+    return "Pageable" in view.names[view.gpu.name[row]]
+
+
+def _pageable_to_device(view: RankFacts, row: int) -> bool:
+    name = view.names[view.gpu.name[row]]
+    return "HtoD" in name and "Pageable" in name
+
+
+def host_sync_list(view: RankFacts) -> list[Sync]:
+    """`host_syncs(view)`, computed once per rank (`RankFacts.memo`): the cost model (`sync_costs`) and the delays
+    fact (facts/delays.py) index the same list."""
+    return view.memo("host_sync_list", host_syncs)
 
 
 def host_syncs(view: RankFacts) -> list[Sync]:
-    """Every host-blocking call of the rank, with its call site."""
-    rt = view.model.runtime
-    starts = rt.start.tolist()
-    idx = np.array(
-        sorted({*view.runtime_named(*SYNC_CALLS).tolist(), *_blocking_copies(view)}, key=starts.__getitem__),
-        dtype=np.int64,
-    )
+    """Every candidate blocking call of the rank inside the profiled steps (all of them when the trace has no
+    steps), with its call site and the GPU work it waited for (`awaited_work`; only those with some are
+    host-blocking). The profiler's own syncs are left out (`_profiler_sync`)."""
+    rt, g = view.model.runtime, view.gpu
+    sync_idx = view.runtime_named(*SYNC_CALLS)
+    copy_idx = view.runtime_named(*MEMCPY_CALLS)
+    copy_of = _copy_rows(view, np.concatenate([sync_idx, copy_idx]))
+    synced = _synced_streams(view)
+    idx = np.array(sorted({*sync_idx.tolist(), *copy_idx.tolist()}, key=rt.start.tolist().__getitem__), dtype=np.int64)
+    if len(idx):
+        idx = idx[view.in_steps(rt.start[idx])]
+    is_sync = set(sync_idx.tolist())
     sites = view.callsites
     out = []
-    for i, start, end, thread, name in zip(
+    for i, start, end, thread, name, corr in zip(
         idx.tolist(),
         rt.start[idx].tolist(),
         rt.end[idx].tolist(),
         rt.thread[idx].tolist(),
         rt.name[idx].tolist(),
+        rt.correlation[idx].tolist(),
         strict=True,
     ):
-        mid = 0.5 * (rt.start[i] + rt.end[i])
+        mid = 0.5 * (start + end)
         stack = sites.stack(thread, mid) if sites.has_stacks else []
-        out.append(Sync(start, end, thread, view.names[name], sites.site(thread, mid), functions(stack)))
+        if _profiler_sync(view, thread, mid, end, stack):
+            continue
+        copy = copy_of.get(i, -1)
+        stream = int(g.stream[copy]) if copy >= 0 else synced.get(corr, -1)
+        queue = i in is_sync or (copy >= 0 and _pageable(view, copy))  # pageable copies sync their stream first
+        awaited = awaited_work(view, start, end, stream, copy, queue, asynchronous=i not in is_sync)
+        out.append(Sync(start, end, thread, view.names[name], sites.site(thread, mid), functions(stack), awaited))
     out += _orphan_sync_events(view)
     return out
 
 
-def _blocking_copies(view: RankFacts) -> list[int]:
-    """Async memcpy calls that did not return before their copy was (nearly) done: pageable host memory."""
+def _copy_rows(view: RankFacts, idx: np.ndarray) -> dict[int, int]:
+    """Runtime row -> the GPU copy it issued (same correlation), for the rows of `idx` that issued one."""
     rt, g = view.model.runtime, view.gpu
-    idx = view.runtime_named(*MEMCPY_CALLS)
     copies = np.flatnonzero(g.cls == C.MEMCPY)
     if not len(idx) or not len(copies):
-        return []
-    order = copies[np.argsort(g.correlation[copies])]
+        return {}
+    order = copies[np.argsort(g.correlation[copies], kind="stable")]
     pos = np.clip(np.searchsorted(g.correlation[order], rt.correlation[idx]), 0, len(order) - 1)
-    hit = g.correlation[order[pos]] == rt.correlation[idx]
-    copy = order[pos]
-    dur = g.end[copy] - g.start[copy]
-    blocking = hit & (dur >= MIN_BLOCKING_COPY_US) & ((rt.end[idx] - rt.start[idx]) >= 0.5 * dur)
-    return idx[blocking].tolist()
+    hit = (g.correlation[order[pos]] == rt.correlation[idx]) & (rt.correlation[idx] >= 0)
+    return dict(zip(idx[hit].tolist(), order[pos][hit].tolist(), strict=True))
+
+
+def _synced_streams(view: RankFacts) -> dict[int, int]:
+    """Correlation -> the stream a Stream Sync event (enable_cuda_sync_events) says its call synchronized."""
+    s = view.model.syncs
+    if not len(s):
+        return {}
+    rows = np.flatnonzero(view.name_mask(s.name, lambda n: n == "Stream Sync") & (s.stream >= 0))
+    return dict(zip(s.correlation[rows].tolist(), s.stream[rows].tolist(), strict=True))
+
+
+def _profiler_sync(view: RankFacts, thread: int, t: float, end: float, stack: list[str]) -> bool:
+    """torch.profiler's own device syncs (when it starts or stops: profile.__exit__ synchronizes): a frame of
+    the profiler on the call's stack, or, without stacks, no enclosing op on its thread and no GPU work issued
+    after it returned (the stop sync is the trace's last call; such a sync can delay nothing in the trace)."""
+    if any(p in f for f in stack for p in PROFILER_FRAMES):
+        return True
+    if stack or (thread >= 0 and view.callsites.stack(thread, t, python=False)):
+        return False
+    return not (len(view.launch) and end < float(view.launch.max()))
 
 
 def _orphan_sync_events(view: RankFacts) -> list[Sync]:
@@ -101,10 +228,17 @@ def _orphan_sync_events(view: RankFacts) -> list[Sync]:
     orphan = view.name_mask(s.name, lambda n: n in BLOCKING_SYNC_KINDS)
     orphan &= ~np.isin(s.correlation, view.model.runtime.correlation)
     rows = np.flatnonzero(orphan)
-    return [
-        Sync(start, end, -1, view.names[name], {"frame": None, "stack": []}, set())
-        for start, end, name in zip(s.start[rows].tolist(), s.end[rows].tolist(), s.name[rows].tolist(), strict=True)
-    ]
+    rows = rows[view.in_steps(s.start[rows])]
+    out = []
+    for start, end, name, stream in zip(
+        s.start[rows].tolist(), s.end[rows].tolist(), s.name[rows].tolist(), s.stream[rows].tolist(), strict=True
+    ):
+        kind = view.names[name]
+        if _profiler_sync(view, -1, 0.5 * (start + end), end, []):
+            continue
+        awaited = awaited_work(view, start, end, stream if kind == "Stream Sync" else -1)
+        out.append(Sync(start, end, -1, kind, {"frame": None, "stack": []}, set(), awaited))
+    return out
 
 
 # -- which rule owns a sync ----------------------------------------------------------------------------------
@@ -154,6 +288,7 @@ class Window:
     end: float
     launch: float
     boundary: int = -1  # the step before whose first compute kernel it ends (a step boundary), else -1
+    row: int = -1  # the GPU row of that activity (-1: a held first all-gather's stall)
 
 
 def starvation_windows(view: RankFacts) -> list[Window]:
@@ -168,7 +303,10 @@ def starvation_windows(view: RankFacts) -> list[Window]:
     gap = start[1:] - queued_end
     starved = (gap > 0) & (start[1:] - launch[1:] <= STARVED_LAUNCH_US)
     rows = np.flatnonzero(starved)
-    return [Window(float(queued_end[r]), float(start[r + 1]), float(launch[r + 1])) for r in rows.tolist()]
+    return [
+        Window(float(queued_end[r]), float(start[r + 1]), float(launch[r + 1]), row=int(on_s[r + 1]))
+        for r in rows.tolist()
+    ]
 
 
 def held_windows(view: RankFacts, windows: list[Window]) -> list[Window]:
@@ -205,33 +343,31 @@ WAITED_FOR = ("epilogue-sync",)
 Owner = tuple[str, str]  # (rule id, call site for generic host syncs else "")
 
 
-def chain_costs(view: RankFacts, syncs: list[Sync], owners: list[Owner]) -> tuple[np.ndarray, np.ndarray]:
+def chain_costs(
+    view: RankFacts, syncs: list[Sync], owners: list[Owner]
+) -> tuple[np.ndarray, np.ndarray, list[list[tuple[float, float]]]]:
     """Cost of each sync. A window's blocking calls are those that returned after the queue ran dry and before
     the launch that ended it. Removing one owner's calls lets the host launch earlier by their blocked time,
     minus what the other owners' later calls would then wait longer (they wait for the same GPU work); the
     window's compute idle bounds the gain. Each owner's share goes to its calls in proportion to blocked time.
-    Also returns, per call, the step whose boundary window it delayed (-1: inside a step)."""
+    Also returns, per call, the step whose boundary window it delayed (-1: inside a step) and where the idle
+    it is charged for lies: the last `saved` µs of each window it was charged on (its owner's share)."""
     cost = np.zeros(len(syncs))
     boundary = np.full(len(syncs), -1)
+    charged: list[list[tuple[float, float]]] = [[] for _ in syncs]
     if not syncs:
-        return cost, boundary
+        return cost, boundary, charged
     ends = np.array([s.end for s in syncs])
     blocked = np.array([s.end - s.start for s in syncs])
     windows = held_windows(view, starvation_windows(view))
     if not windows:
-        return cost, boundary
+        return cost, boundary, charged
     _mark_boundaries(view, windows)
     lo = np.array([w.start for w in windows])
     hi = np.array([w.end for w in windows])
     launch = np.array([w.launch for w in windows])
     first = view.first_gathers
-    inherent = iv.union(view.gpu.start[first], view.gpu.end[first])
-    later_gathers = iv.subtract(view.all_gathers, inherent)
-    # compute idle, less the part of later gathers longer than the compute that could hide them (compute
-    # needs its parameters); compute that ran since the previous window is what a prefetch could hide behind
-    idle = view.idle(lo, hi, view.compute_stream_busy)
-    before = view.covered(lo, view.compute) - view.covered(np.concatenate([[-np.inf], hi[:-1]]), view.compute)
-    idle -= np.maximum(0.0, _inside(view, later_gathers, lo, hi) - before)
+    idle = window_idle(view, lo, hi)
     first_launch = view.launch[first]
     gpu_idle = view.idle(lo, hi, iv.union(view.gpu.start, view.gpu.end))
     order = np.argsort(ends, kind="stable")
@@ -255,7 +391,22 @@ def chain_costs(view: RankFacts, syncs: list[Sync], owners: list[Owner]) -> tupl
             saved = min(bound, max(0.0, blocked[mine].sum() - blocked[later].sum()))
             cost[mine] += saved * blocked[mine] / max(blocked[mine].sum(), 1e-9)
             boundary[mine] = windows[n].boundary
-    return cost, boundary
+            if saved > 0:  # the launch moves earlier by `saved`: the window's last `saved` µs go
+                for m in mine.tolist():
+                    charged[m].append((max(float(lo[n]), float(hi[n]) - saved), float(hi[n])))
+    return cost, boundary, charged
+
+
+def window_idle(view: RankFacts, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The idle a launch could win back in each window [lo, hi) (sorted): compute idle, less the part of the
+    all-gathers (but each step's first) longer than the compute that could hide them (compute needs its
+    parameters); compute that ran since the previous window is what a prefetch could hide behind."""
+    first = view.first_gathers
+    inherent = iv.union(view.gpu.start[first], view.gpu.end[first])
+    later_gathers = iv.subtract(view.all_gathers, inherent)
+    idle = view.idle(lo, hi, view.compute_stream_busy)
+    before = view.covered(lo, view.compute) - view.covered(np.concatenate([[-np.inf], hi[:-1]]), view.compute)
+    return idle - np.maximum(0.0, _inside(view, later_gathers, lo, hi) - before)
 
 
 def _mark_boundaries(view: RankFacts, windows: list[Window]) -> None:
@@ -326,27 +477,84 @@ def per_step_cost(
 
 @dataclass(frozen=True)
 class SyncCosts:
-    """Every host-blocking call of a rank, its owner, and what it cost (see `chain_costs`)."""
+    """Every candidate blocking call of a rank (`host_sync_list`), its owner, and what it cost: `cost` is the
+    share of the starvation windows it returned in (`chain_costs`) plus `stall_cost`, what its block delayed
+    after it returned: compute stalls on collectives its thread issued late and later starvation (facts/delays.py);
+    calls that waited for no GPU work cost nothing."""
 
     syncs: list[Sync]
     owners: list[Owner]
     cost: np.ndarray
     boundary: np.ndarray  # the step whose boundary window each call delayed, -1 inside a step
+    stall_cost: np.ndarray  # the part of `cost` from what the call delayed after it returned (facts/delays.py)
+    windows: list[list[tuple[float, float]]]  # per call: where the compute idle it is charged for lies
 
     def owned_by(self, rule: str) -> list[tuple[Owner, np.ndarray]]:
-        """The owners of one rule in order of their first call, each with the indices of its calls."""
+        """The owners of one rule with a call that waited for GPU work, in order of their first call, each with
+        the indices of all its calls (those that returned without waiting included, for the evidence)."""
         out = []
         for owner in dict.fromkeys(o for o in self.owners if o[0] == rule):
-            out.append((owner, np.array([i for i, o in enumerate(self.owners) if o == owner])))
+            idx = np.array([i for i, o in enumerate(self.owners) if o == owner])
+            if any(self.syncs[i].waited for i in idx.tolist()):
+                out.append((owner, idx))
         return out
 
 
-def sync_costs(view: RankFacts) -> SyncCosts:
-    """The host syncs of the rank with their owners and costs (computed once per rank)."""
-    syncs = host_syncs(view)
+@dataclass(frozen=True)
+class WindowCosts:
+    """The starvation-window part of the sync costs (`chain_costs` over the calls that waited for GPU work),
+    per call of `host_sync_list`."""
+
+    owners: list[Owner]
+    cost: np.ndarray
+    boundary: np.ndarray
+    windows: list[list[tuple[float, float]]]
+
+
+def window_costs(view: RankFacts) -> WindowCosts:
+    """`WindowCosts` of the rank, computed once (`RankFacts.memo`): the delays fact caps what it charges a call by
+    its blocked time less this."""
+    return view.memo("window_costs", _window_costs)
+
+
+def _window_costs(view: RankFacts) -> WindowCosts:
+    syncs = host_sync_list(view)
     rules = [owner_of(s) for s in syncs]
     owners = [
         (r, f"{s.call} @ {s.site.get('frame')}" if r == "host-sync" else "") for s, r in zip(syncs, rules, strict=True)
     ]
-    cost, boundary = chain_costs(view, syncs, owners)
-    return SyncCosts(syncs, owners, cost, boundary)
+    live = [i for i, s in enumerate(syncs) if s.waited]
+    cost = np.zeros(len(syncs))
+    boundary = np.full(len(syncs), -1)
+    windows: list[list[tuple[float, float]]] = [[] for _ in syncs]
+    c, b, w = chain_costs(view, [syncs[i] for i in live], [owners[i] for i in live])
+    for k, i in enumerate(live):
+        cost[i], boundary[i], windows[i] = c[k], b[k], w[k]
+    return WindowCosts(owners, cost, boundary, windows)
+
+
+def sync_costs(view: RankFacts) -> SyncCosts:
+    """The host syncs of the rank with their owners and costs (computed once per rank). Only the calls that
+    waited for GPU work are charged; each stall on a collective a call's block delayed is charged to that call,
+    once (facts/delays.py)."""
+    from overlapcheck.diagnose.facts.delays import host_delayed  # delays reads this module's facts
+
+    syncs = host_sync_list(view)
+    wc = window_costs(view)
+    windows = [list(w) for w in wc.windows]
+    stall_cost = np.zeros(len(syncs))
+    delays = host_delayed(view)
+    for n in np.flatnonzero(delays.sync >= 0).tolist():
+        i = int(delays.sync[n])
+        stall_cost[i] += delays.explained[n]
+        windows[i].append((float(delays.start[n]), float(delays.end[n])))
+    for i, part, a, b in zip(
+        delays.window_sync.tolist(),
+        delays.window_cost.tolist(),
+        delays.window_start.tolist(),
+        delays.window_end.tolist(),
+        strict=True,
+    ):
+        stall_cost[i] += part
+        windows[i].append((a, b))
+    return SyncCosts(syncs, wc.owners, wc.cost + stall_cost, wc.boundary, stall_cost, windows)

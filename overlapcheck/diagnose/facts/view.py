@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from overlapcheck.model import RankMetrics
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
 
+T = TypeVar("T")
+
 
 class RankFacts:
     """One rank's trace, its metrics and the job context, with shared derived arrays and facts."""
@@ -33,6 +36,15 @@ class RankFacts:
         self.job = job or JobContext()
         self.config = self.job.ds_config
         self.gpu = model.gpu
+        self._memo: dict[str, Any] = {}
+
+    def memo(self, key: str, compute: Callable[[RankFacts], T]) -> T:
+        """`compute(self)`, computed once per rank: how the modules of facts/ keep what several rules (or their
+        own functions) read, without this class importing each of them."""
+        if key not in self._memo:
+            self._memo[key] = compute(self)
+        value: T = self._memo[key]
+        return value
 
     # -- identity and steps ---------------------------------------------------------------------
     @property
@@ -80,6 +92,20 @@ class RankFacts:
     def launch(self) -> np.ndarray:
         """CPU time at which each GPU activity was issued."""
         return launch_times(self.model) if len(self.gpu) else np.zeros(0)
+
+    @cached_property
+    def launch_thread(self) -> np.ndarray:
+        """The CPU thread that launched each GPU activity (-1 when its runtime call is not in the trace)."""
+        rt, g = self.model.runtime, self.gpu
+        out = np.full(len(g), -1, dtype=np.int64)
+        if not len(rt) or not len(g):
+            return out
+        order = np.argsort(rt.correlation, kind="stable")
+        corr = rt.correlation[order]
+        i = np.clip(np.searchsorted(corr, g.correlation), 0, len(corr) - 1)
+        hit = (g.correlation >= 0) & (corr[i] == g.correlation)
+        out[hit] = rt.thread[order[i[hit]]]
+        return out
 
     @cached_property
     def gpu_step(self) -> np.ndarray:

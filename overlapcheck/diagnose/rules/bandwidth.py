@@ -19,7 +19,7 @@ from overlapcheck.diagnose.finding import config_value, finding, make_fix
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, RankResult
 
-FLOOR_SHARE = 0.75  # the floor dominates: at least three quarters of the exposed communication
+FLOOR_SHARE = 0.5  # the floor dominates: more than half of the exposed communication (the schedule the rest)
 MIN_STEP_SHARE = 0.03  # and costs at least this share of the step
 SLOW_NETWORK = 0.5  # measured inter-node busbw below this share of the stated peak: check the network
 
@@ -113,6 +113,7 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
             [],
             evidence,
             make_fix(job.ds_config, settings),
+            covers=dict.fromkeys(ranks, bw.floor_us),  # the floor is exposed on every rank
         )
     ]
 

@@ -28,23 +28,9 @@ def backward_end(view: RankFacts) -> dict[int, float]:
     main = {int(o.thread[i]) for i in np.flatnonzero(view.name_mask(o.name, lambda n: n.startswith("ProfilerStep#")))}
     if not main:
         return {}
-    rt_thread = _launch_thread(view)
+    rt_thread = view.launch_thread
     sel = view.is_compute & (view.gpu_step >= 0) & (rt_thread >= 0) & ~np.isin(rt_thread, list(main))
     return {step: float(view.launch[rows].max()) for step, rows in view.group_by_step(np.flatnonzero(sel)).items()}
-
-
-def _launch_thread(view: RankFacts) -> np.ndarray:
-    """The CPU thread that launched each GPU activity (-1 when its runtime call is not in the trace)."""
-    rt, g = view.model.runtime, view.gpu
-    out = np.full(len(g), -1, dtype=np.int64)
-    if not len(rt) or not len(g):
-        return out
-    order = np.argsort(rt.correlation, kind="stable")
-    corr = rt.correlation[order]
-    i = np.clip(np.searchsorted(corr, g.correlation), 0, len(corr) - 1)
-    hit = (g.correlation >= 0) & (corr[i] == g.correlation)
-    out[hit] = rt.thread[order[i[hit]]]
-    return out
 
 
 def launched_in(view: RankFacts, function: str) -> np.ndarray:
@@ -91,12 +77,16 @@ def last_bucket_fraction(
 def held_first_gathers_exposed(view: RankFacts) -> float:
     """Per step: exposed time of the steps' first all-gathers that the host issued while earlier compute-stream
     work was still queued, up to that queued time (what they could have overlapped)."""
+    return iv.length(_held_first_gathers(view)) / view.n_steps
+
+
+def _held_first_gathers(view: RankFacts) -> iv.Intervals:
+    """The windows `held_first_gathers_exposed` measures."""
     g = view.gpu
     held = np.setdiff1d(view.step_first_gathers, view.first_gathers)
     if not len(held):
-        return 0.0
-    exposed = iv.subtract(iv.subtract(iv.union(g.start[held], g.end[held]), view.compute), view.first_gather_waits)
-    return iv.length(exposed) / view.n_steps
+        return iv.EMPTY
+    return iv.subtract(iv.subtract(iv.union(g.start[held], g.end[held]), view.compute), view.first_gather_waits)
 
 
 def _per_row(per_step: dict[int, float], steps: np.ndarray) -> np.ndarray:
@@ -141,6 +131,7 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
     target = recommended_bucket(params)
     costs, steps = [], []
     copies = _gradient_copies(view)
+    covers = iv.subtract(iv.union(g.start[after], g.end[after]), view.compute)
     for step in np.unique(view.gpu_step[after]).tolist():
         rows = view.step_rows[step]
         sel = rows[after[rows]]
@@ -180,6 +171,7 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
             steps,
             evidence,
             fix,
+            covers=covers,
         )
     ]
 
@@ -209,6 +201,7 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
     compute = iv.union(g.start[view.is_compute & ~reduction], g.end[view.is_compute & ~reduction])
     costs, steps = [], []
     grads = _gradient_copies(view)
+    covers = iv.subtract(iv.union(g.start[serial & in_steps], g.end[serial & in_steps]), compute)
     for step in np.unique(view.gpu_step[rs]).tolist():
         rows = view.step_rows[step]
         sel = rows[serial[rows]]
@@ -235,6 +228,7 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
             steps,
             evidence,
             make_fix(view.config, {"zero_optimization.overlap_comm": True}),
+            covers=iv.combine(covers, _held_first_gathers(view)),
         )
     ]
 
@@ -253,7 +247,8 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
     per_step = len(idx) / view.n_steps
     if per_step < TINY_PER_STEP:
         return []
-    exposed = iv.length(iv.subtract(iv.union(g.start[idx], g.end[idx]), view.compute)) / view.n_steps
+    windows = iv.subtract(iv.union(g.start[idx], g.end[idx]), view.compute)
+    exposed = iv.length(windows) / view.n_steps
     kinds = np.bincount(g.coll[idx].astype(np.int64), minlength=len(C.COLLECTIVES))
     main = int(np.argmax(kinds))
     settings: dict[str, Any] = {}
@@ -278,5 +273,6 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
             view.step_numbers,
             evidence,
             make_fix(view.config, settings),
+            covers=windows,
         )
     ]

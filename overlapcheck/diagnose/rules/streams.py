@@ -6,8 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.diagnose.facts.concurrency import concurrency, reduce_scatter_tail_delay
+from overlapcheck.diagnose.facts.concurrency import (
+    concurrency,
+    hardware_serialized,
+    reduce_scatter_tail_delay,
+    reduce_scatter_tail_windows,
+    serialization,
+)
 from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.diagnose.facts.waitsites import WAIT_CALL, WAIT_RECORD
 from overlapcheck.diagnose.finding import config_value, finding, make_fix
 from overlapcheck.model import Finding
 
@@ -21,11 +28,12 @@ def same_communicator(view: RankFacts) -> list[Finding]:
     reduce-scatter (which the backward epilogue waits for) ends because reduce-scatters queued behind
     all-gathers."""
     pg = view.shared_communicator
-    if pg is None or view.no_concurrency:
+    if pg is None or hardware_serialized(view):
         return []
     st = view.stalls
     delays = view.claimed_by_communicator
     stall_cost, steps = view.per_step(delays, view.launch[st.kernel]) if len(delays) else (0.0, [])
+    charged = delays > 0
     tail = reduce_scatter_tail_delay(view, pg)
     cost = stall_cost + tail
     per_node = view.job.gpus_per_node
@@ -49,6 +57,8 @@ def same_communicator(view: RankFacts) -> list[Finding]:
             steps or view.step_numbers,
             evidence,
             make_fix(view.config, settings),
+            # the stalls it charges, and how much later the last reduce-scatters end
+            covers=iv.combine(iv.union(st.start[charged], st.end[charged]), reduce_scatter_tail_windows(view, pg)),
         )
     ]
 
@@ -57,9 +67,17 @@ def no_stream_concurrency(view: RankFacts) -> list[Finding]:
     """With CUDA_DEVICE_MAX_CONNECTIONS=1 the GPU has one hardware queue, so kernels of all streams execute in
     launch order (Megatron-LM #1468, verl #6976); CUDA_LAUNCH_BLOCKING=1 makes every launch synchronous. Either
     way no collective overlaps compute: the compute stream stalls behind communication launched before it.
-    Cost: those stalls, except the part of each step's first all-gather that compute waits for in any
-    configuration (all of it when the host issued it after the earlier compute ended)."""
-    if not view.no_concurrency:
+
+    No concurrency alone is a symptom: explicit dependencies (every collective waited for with
+    `cudaStreamWaitEvent` before the next compute launch) or a host that launches each kernel after the previous
+    one ended serialize streams too. The finding needs the queue's own signature (facts/concurrency.py
+    `Serialization`): the serializations no wait explains (compute stalls behind earlier-launched work,
+    collectives held behind earlier-launched compute) outnumber the stalls the waits explain and cost compute
+    time; or the job's environment sets a serializing variable. Serialization that the waits explain is the
+    waits' (cross-stream-wait).
+    Cost: the compute-stream stalls, except the part of each step's first all-gather that compute waits for in
+    any configuration (all of it when the host issued it after the earlier compute ended)."""
+    if not hardware_serialized(view):
         return []
     st = view.stalls
     inherent = view.first_gather_waits
@@ -72,36 +90,50 @@ def no_stream_concurrency(view: RankFacts) -> list[Finding]:
     )
     cost, steps = view.per_step(costs, view.launch[st.kernel])
     both, total, n = concurrency(view)
+    ser = serialization(view)
     evidence = {
         "streams": n,
         "concurrent_us": round(both, 3),
         "busy_us_all_streams": round(total, 3),
         "stalls_per_step": round(len(st.kernel) / view.n_steps, 2),
+        "stalls_without_wait": ser.unexplained_stalls,
+        "stalls_after_wait": ser.explained_stalls,
+        "collectives_held_without_wait": ser.unexplained_held,
+        "collectives_held_after_wait": ser.explained_held,
+        "unexplained_stall_us_per_step": ser.unexplained_cost_us,
+        "wait_evidence": [WAIT_CALL, WAIT_RECORD],
+        "env": dict(ser.env) or None,
     }
+    if ser.env:
+        why = (
+            "the job sets " + ", ".join(f"{k}={v}" for k, v in ser.env.items()) + ": kernels execute in launch "
+            "order across streams, so communication blocks the compute launched after it"
+        )
+    else:
+        why = (
+            f"kernels execute in launch order across streams, the signature of CUDA_DEVICE_MAX_CONNECTIONS=1 (or "
+            f"CUDA_LAUNCH_BLOCKING=1): {ser.unexplained_stalls} compute stalls behind earlier-launched work and "
+            f"{ser.unexplained_held} collectives held behind earlier-launched compute had no {WAIT_CALL} "
+            f"({WAIT_RECORD}) behind them, against {ser.explained} stalls that the program's waits explain"
+        )
+    charged = costs > 0
     return [
         finding(
             "no-stream-concurrency",
             f"No two of the {n} GPU streams ever run at the same time",
-            "kernels execute in launch order across streams, the signature of CUDA_DEVICE_MAX_CONNECTIONS=1 "
-            "(or CUDA_LAUNCH_BLOCKING=1): communication blocks the compute launched after it",
+            why,
             cost,
             [view.rank_id],
             steps,
             evidence,
             make_fix(view.config, env=_serializing_env(view)),
+            covers=iv.subtract(iv.union(st.start[charged], st.end[charged]), inherent),
         )
     ]
-
-
-SERIALIZING_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_LAUNCH_BLOCKING": "1"}
 
 
 def _serializing_env(view: RankFacts) -> dict[str, str | None]:
     """The variables to unset: those of the job's environment (when the job context records it) that
     serialize streams, else CUDA_DEVICE_MAX_CONNECTIONS, the usual one (Megatron-style launch scripts set it)."""
-    env = view.job.env
-    if env is not None:
-        found: dict[str, str | None] = {k: None for k, v in SERIALIZING_ENV.items() if str(env.get(k, "")) == v}
-        if found:
-            return found
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    found: dict[str, str | None] = dict.fromkeys(serialization(view).env, None)
+    return found or {"CUDA_DEVICE_MAX_CONNECTIONS": None}

@@ -2,49 +2,113 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
 
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import Sync, per_step_cost, pinned_copy_tail
 from overlapcheck.diagnose.facts.sizing import DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
 from overlapcheck.model import Finding, Fix
+from overlapcheck.trace import classify as C
 
 
 def owned_by(rule: str) -> Callable[[RankFacts], list[Finding]]:
-    """The rule function of one sync rule: a finding per owner of that rule (per call site for host-sync)."""
+    """The rule function of one sync rule: a finding per owner of that rule (per call site for host-sync) with
+    at least one call that waited for GPU work (facts/hostsyncs.py `awaited_work`)."""
 
     def find(view: RankFacts) -> list[Finding]:
         sc = view.host_syncs
         out = []
         for _, idx in sc.owned_by(rule):
             times = np.array([sc.syncs[i].start for i in idx])
-            per_step, steps = per_step_cost(view, sc.cost[idx], sc.boundary[idx], times)
+            stall = sc.stall_cost[idx]
+            per_step, steps = per_step_cost(view, sc.cost[idx] - stall, sc.boundary[idx], times)
             if rule == "offload-blocking-copy":
                 per_step = max(0.0, per_step - pinned_copy_tail(view))
-            out.append(_describe(view, rule, [sc.syncs[i] for i in idx], per_step, steps))
+            stall_per_step, stall_steps = view.per_step(stall, times)
+            per_step += stall_per_step
+            steps = sorted(set(steps) | set(stall_steps))
+            out.append(_describe(view, rule, idx, per_step, steps))
         return out
 
     find.__name__ = find.__qualname__ = rule.replace("-", "_")
     return find
 
 
-def _describe(view: RankFacts, rule: str, syncs: list[Sync], cost: float, steps: list[int]) -> Finding:
+def _describe(view: RankFacts, rule: str, idx: np.ndarray, cost: float, steps: list[int]) -> Finding:
+    sc = view.host_syncs
+    syncs = [sc.syncs[i] for i in idx.tolist()]
+    waited = [s for s in syncs if s.waited]
     calls = sorted({s.call for s in syncs})
-    blocked = sum(s.end - s.start for s in syncs)
     evidence = {
         "calls": calls,
         "count": len(syncs),
         "per_step": round(len(syncs) / view.n_steps, 2),
-        "host_blocked_us": round(blocked / view.n_steps, 3),
+        "waited_calls": len(waited),
+        "host_blocked_us": round(sum(s.blocked for s in waited) / view.n_steps, 3),
+        "awaited": _awaited(view, waited),
         "first_at_us": round(syncs[0].start, 3),
         "call_site": syncs[0].site.get("frame"),
         "stack": syncs[0].site.get("stack", [])[:8],
     }
+    delayed = _delayed(view, idx)
+    if delayed:
+        evidence["delayed_collectives"] = delayed
+    d = host_delayed(view)
+    later = d.window_cost[np.isin(d.window_sync, idx)]
+    if len(later):
+        # the compute stream ran dry later on, waiting for launches the block had pushed back
+        evidence["later_starvation"] = {
+            "windows_per_step": round(len(later) / view.n_steps, 2),
+            "idle_us_per_step": round(float(later.sum()) / view.n_steps, 3),
+        }
+    covers = iv.union(
+        np.array([w[0] for i in idx.tolist() for w in sc.windows[i]], dtype=np.float64),
+        np.array([w[1] for i in idx.tolist() for w in sc.windows[i]], dtype=np.float64),
+    )
     text = TEXT[rule](view, syncs)
-    return finding(rule, text[0], text[1], cost, [view.rank_id], steps, evidence, text[2])
+    return finding(rule, text[0], text[1], cost, [view.rank_id], steps, evidence, text[2], covers=covers)
+
+
+def _kind(view: RankFacts, row: int) -> str:
+    g = view.gpu
+    if g.cls[row] == C.COMM:
+        return str(C.COLLECTIVES[g.coll[row]])
+    return {C.COMPUTE: "compute", C.MEMCPY: "memcpy", C.MEMSET: "memset"}.get(int(g.cls[row]), "other")
+
+
+def _awaited(view: RankFacts, syncs: list[Sync]) -> dict[str, int]:
+    """What each call waited for, by kind: of the GPU work that ended inside it (facts/hostsyncs.py
+    `awaited_work`), the collective that ended last, else the activity that ended last; e.g.
+    {"reduce_scatter": 12} for a throttle that waits for its buckets' reductions."""
+    end, comm = view.gpu.end, view.is_comm
+    kinds = Counter(
+        _kind(view, max([r for r in s.awaited if comm[r]] or s.awaited, key=lambda r: end[r]))
+        for s in syncs
+        if s.awaited
+    )
+    return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _delayed(view: RankFacts, idx: np.ndarray) -> dict[str, dict[str, float]]:
+    """The collectives these calls issued late, compute then stalling on them (facts/delays.py), by kind: how
+    many per step and the stall time per step they explain."""
+    d = host_delayed(view)
+    st = view.stalls
+    mine = np.flatnonzero(np.isin(d.sync, idx) & (d.sync >= 0))
+    out: dict[str, dict[str, float]] = {}
+    for kind in sorted({_kind(view, int(c)) for c in st.comm[mine].tolist()}):
+        sel = mine[[_kind(view, int(c)) == kind for c in st.comm[mine].tolist()]]
+        out[kind] = {
+            "per_step": round(len(sel) / view.n_steps, 2),
+            "stall_us_per_step": round(float(d.explained[sel].sum()) / view.n_steps, 3),
+        }
+    return out
 
 
 # -- titles, reasons and fixes ------------------------------------------------------------------------------

@@ -3,14 +3,30 @@ shared out by the collective they waited for."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.facts.callsite import functions, is_user
+from overlapcheck.diagnose.facts.concurrency import hardware_serialized
+from overlapcheck.diagnose.facts.delays import host_delayed
+from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, DEFAULT_PREFETCH_BUCKET
-from overlapcheck.diagnose.facts.stalls import not_prefetched, on_demand, rest
+from overlapcheck.diagnose.facts.stalls import (
+    MIN_ON_DEMAND_PER_STEP,
+    Stalls,
+    not_prefetched,
+    on_demand,
+    rest,
+)
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.diagnose.finding import config_value, finding, make_fix
-from overlapcheck.model import Finding
+from overlapcheck.diagnose.facts.waitsites import calls_per_site, stall_waits
+from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
+from overlapcheck.model import Finding, Fix
 from overlapcheck.trace import classify as C
+
+MAX_PREFETCH_GROWTH = 8.0  # the most a computed stage3_prefetch_bucket_size multiplies the current one by
 
 
 def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
@@ -18,13 +34,13 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
     parameters only when the parameter trace is complete (is_complete_trace) and stage3_prefetch_bucket_size > 0;
     otherwise each all-gather is issued when its module runs and `current_stream().wait_stream(__allgather_stream)`
     makes compute wait for the whole transfer."""
-    if view.no_concurrency:
+    if hardware_serialized(view):
         return []
     st = view.stalls
-    mask = not_prefetched(view, st)
+    mask, all_costs = not_prefetched_costs(view)
     if not mask.any():
         return []
-    costs = rest(view, st, view.claimed_by_communicator)[mask]
+    costs = np.maximum(0.0, all_costs - remaining_if_prefetched(view, mask))[mask]
     per_step = mask.sum() / view.n_steps
     cost, steps = view.per_step(costs, view.launch[st.kernel[mask]])
     prefetch = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
@@ -48,60 +64,258 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
             steps,
             evidence,
             fix,
+            covers=_windows(st, mask & (rest(view, st, view.claimed_by_communicator) > 0)),
         )
     ]
+
+
+def _windows(st: Stalls, sel: np.ndarray) -> iv.Intervals:
+    """The stall windows of the selected stalls."""
+    return iv.union(st.start[sel], st.end[sel])
+
+
+def remaining_if_prefetched(view: RankFacts, mask: np.ndarray) -> np.ndarray:
+    """Per stall of `mask` (on-demand all-gathers): the part of it that would remain with the gathers prefetched.
+    Replays each step: every gather of the step issued as early as the gather side allows (back to back from the
+    step's first gather, in their order, at their measured durations), and compute running its measured
+    stretches between the stalls, waiting only where a replayed gather ends later. At this bandwidth a gather
+    longer than the compute before it stays waited for (allgather-transfer-bound's, not a missing prefetch)."""
+    st = view.stalls
+    g = view.gpu
+    out = np.zeros(len(st.kernel))
+    gathers = np.flatnonzero(view.is_comm & (g.coll == AG))
+    for rows in view.group_by_step(gathers).values():
+        rows = rows[np.argsort(g.start[rows], kind="stable")]
+        dur = g.end[rows] - g.start[rows]
+        new_end = dict(zip(rows.tolist(), (g.start[rows[0]] + np.cumsum(dur)).tolist(), strict=True))
+        stalls = np.flatnonzero(mask & np.isin(st.comm, rows))
+        stalls = stalls[np.argsort(st.start[stalls], kind="stable")]
+        shift = 0.0  # how much earlier replayed compute runs than measured
+        for k in stalls.tolist():
+            ready = float(st.start[k]) - shift
+            resume = max(ready, min(new_end[int(st.comm[k])], float(st.end[k])))
+            out[k] = resume - ready
+            shift = float(st.end[k]) - resume
+    return out
+
+
+def not_prefetched_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+    """Per stall: whether allgather-not-prefetched owns it, and its cost there. An on-demand gather whose late
+    issue a host sync's block explains is that sync's (facts/delays.py); without those, still a pattern?"""
+    st = view.stalls
+    costs = rest(view, st, view.claimed_by_communicator) - host_delayed(view).explained
+    mask = not_prefetched(view, st) & (costs > 0)
+    mask &= mask.sum() / view.n_steps >= MIN_ON_DEMAND_PER_STEP
+    return mask, np.maximum(costs, 0.0)
+
+
+def wait_costs(view: RankFacts) -> np.ndarray:
+    """Per stall: the cost cross-stream-wait owns, what no more specific rule claimed: not the communicator's
+    queueing, not an on-demand gather (a pattern, or the first fetch of a pass: inherent), not the step's first
+    gather (waited for in any case), not what a host sync's block explains (facts/delays.py)."""
+    st = view.stalls
+    left = rest(view, st, view.claimed_by_communicator)
+    left[on_demand(view, st)] = 0.0
+    left[np.isin(st.comm, view.first_gathers)] = 0.0
+    return np.maximum(left - host_delayed(view).explained, 0.0)
 
 
 def cross_stream_waits(view: RankFacts) -> list[Finding]:
     """torch `Stream.wait_stream` / `Work.wait()` record an event on one stream and make another wait for it
     (cudaStreamWaitEvent). DeepSpeed ZeRO-3 makes the compute stream wait for __allgather_stream in
     fetch_sub_module (partitioned_param_coordinator.py), and since v0.14.3 (#5606) ZeRO-1/2 average_tensor makes it
-    wait for the reduction stream (DS #8364). Stalls not owned by a more specific rule are reported here, by the
-    collective they waited for."""
-    if view.no_concurrency:
+    wait for the reduction stream (DS #8364). Stalls not owned by a more specific rule are reported here, one
+    finding per collective waited for and call site of the wait that held the compute stream
+    (facts/waitsites.py). When no two streams ever run at once because of these waits (not the hardware queue,
+    streams.no_stream_concurrency), the stalls are theirs too."""
+    if hardware_serialized(view):
         return []
     st = view.stalls
-    left = rest(view, st, view.claimed_by_communicator)
-    left[on_demand(view, st)] = 0.0  # not prefetched: a pattern, or the first fetch of a pass (inherent)
-    left[np.isin(st.comm, view.first_gathers)] = 0.0  # the step's first gather is waited for in any case
+    left = wait_costs(view)
+    left[queued_gathers(view)] = 0.0  # allgather-transfer-bound's
     g = view.gpu
     out: list[Finding] = []
     kinds = np.where(st.comm >= 0, g.coll[np.maximum(st.comm, 0)], -1)
+    sites = stall_waits(view)
+    site_of = np.array([s if s is not None else "" for s in sites.site], dtype=object)
     for kind in np.unique(kinds).tolist():
-        sel = (kinds == kind) & (left > 0)
-        if not sel.any():
-            continue
-        cost, steps = view.per_step(left[sel], view.launch[st.kernel[sel]])
-        name = C.COLLECTIVES[kind] if kind >= 0 else "non-communication work"
-        awaited = st.comm[sel][st.comm[sel] >= 0]
-        evidence = {
-            "waited_for": name,
-            "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
-            "stream_wait_events_per_step": _stream_waits_per_step(view),
-            "compute_stream": view.compute_stream,
-            "waited_on_streams": sorted({int(s) for s in g.stream[awaited].tolist()}),
-        }
+        of_kind = (kinds == kind) & (left > 0)
+        for where in sorted(set(site_of[of_kind].tolist())):
+            sel = of_kind & (site_of == where)
+            out.append(_wait_finding(view, st, left, sel, kind, where or None))
+    return out
+
+
+def queued_gathers(view: RankFacts) -> np.ndarray:
+    """Per stall: it waits for a prefetched all-gather that the host issued early (it started more than
+    STARVED_LAUNCH_US after its launch): the GPU, not the host, decided when it ran, behind the gathers and
+    unflatten kernels before it on the gather side (a communicator's queueing behind reduce-scatters is
+    same-communicator's, claimed before), so no earlier issue would have started it sooner."""
+    st = view.stalls
+    g = view.gpu
+    c = np.maximum(st.comm, 0)
+    issued_early = g.start[c] - view.launch[c] > STARVED_LAUNCH_US
+    first = np.isin(st.comm, view.step_first_gathers)
+    return (st.comm >= 0) & (g.coll[c] == AG) & issued_early & ~first
+
+
+def allgather_transfer_bound(view: RankFacts) -> list[Finding]:
+    """All-gathers that take longer than the compute they hide behind: prefetched ones the GPU ran back to back on
+    the gather side (`queued_gathers`), and of on-demand ones the wait that would remain prefetched
+    (`remaining_if_prefetched`): compute waits for the transfer itself, not for a late issue or a wait someone
+    could move. At this bandwidth no bucket size or prefetch hides it; the part no schedule hides is the bandwidth floor
+    (bandwidth-bound, which owns it when it dominates). Fewer bytes do: ZeRO++ quantized weights, hpZ."""
+    if hardware_serialized(view):
+        return []
+    st = view.stalls
+    on_demand_mask, on_demand_costs = not_prefetched_costs(view)
+    queued = queued_gathers(view) & ~on_demand_mask
+    # a queued gather's whole wait (what no more specific rule claimed); of the on-demand pattern's, what would
+    # remain with the gathers prefetched
+    unclaimed = np.maximum(rest(view, st, view.claimed_by_communicator) - host_delayed(view).explained, 0.0)
+    left = np.where(
+        queued,
+        unclaimed,
+        np.minimum(on_demand_costs, remaining_if_prefetched(view, on_demand_mask)) * on_demand_mask,
+    )
+    sel = (queued | on_demand_mask) & (left > 0)
+    if not sel.any():
+        return []
+    cost, steps = view.per_step(left[sel], view.launch[st.kernel[sel]])
+    g = view.gpu
+    gathers = np.unique(st.comm[sel])
+    busy = float((g.end[gathers] - g.start[gathers]).sum()) / view.n_steps
+    evidence = {
+        "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
+        "awaited_gathers_per_step": round(len(gathers) / view.n_steps, 2),
+        "awaited_gather_us_per_step": round(busy, 3),
+        "issued_early_per_step": round(float((sel & queued).sum()) / view.n_steps, 2),
+        "on_demand_per_step": round(float((sel & on_demand_mask).sum()) / view.n_steps, 2),
+        "waited_on_streams": sorted({int(s) for s in g.stream[gathers].tolist()}),
+    }
+    return [
+        finding(
+            "allgather-transfer-bound",
+            "Prefetched all-gathers take longer than the compute they hide behind",
+            "the all-gathers were issued early but ran back to back on their stream: at the measured bandwidth "
+            "they need more time than the compute beside them, so compute waits for the transfer; a larger "
+            "prefetch bucket would not start them sooner, fewer bytes would (zero_quantized_weights, hpZ)",
+            cost,
+            [view.rank_id],
+            steps,
+            evidence,
+            covers=_windows(st, sel),
+        )
+    ]
+
+
+def _wait_finding(
+    view: RankFacts, st: Stalls, left: np.ndarray, sel: np.ndarray, kind: int, site: str | None
+) -> Finding:
+    """One cross-stream-wait finding: the stalls `sel` on collectives of `kind` held by waits from `site`."""
+    g = view.gpu
+    cost, steps = view.per_step(left[sel], view.launch[st.kernel[sel]])
+    name = C.COLLECTIVES[kind] if kind >= 0 else "non-communication work"
+    awaited = st.comm[sel][st.comm[sel] >= 0]
+    sw = stall_waits(view)
+    rows = np.flatnonzero(sel)
+    stack = next((sw.stack[r] for r in rows.tolist() if sw.stack[r]), [])
+    evidence: dict[str, Any] = {
+        "waited_for": name,
+        "call_site": site,
+        "stack": stack,
+        "wait_calls_per_step": calls_per_site(view).get(site) if site is not None else None,
+        "stalls_per_step": round(float(sel.sum()) / view.n_steps, 2),
+        "stalls_after_wait": int((sw.wait[sel] >= 0).sum()),
+        "stream_wait_events_per_step": _stream_waits_per_step(view),
+        "compute_stream": view.compute_stream,
+        "waited_on_streams": sorted({int(s) for s in g.stream[awaited].tolist()}),
+    }
+    fix: Fix | None = None
+    names = functions(stack)
+    where = f" ({site})" if site else " on another stream"
+    title = f"Compute stream waits for {name}{where}"
+    if site and kind == AG and ("fetch_sub_module" in names or "partitioned_param_coordinator" in site):
+        why, fix = _prefetch_fix(view, st, sel, evidence)
+    elif site and "average_tensor" in names:
+        why = (
+            f"DeepSpeed ZeRO-1/2 average_tensor ({site}) makes the compute stream wait for the reduction stream "
+            f"(since v0.14.3, #5606; DS #8364): compute stalls until the {name} finishes"
+        )
+    elif site and is_user(site):
+        why = (
+            f"the script makes the compute stream wait for {name} at {site} (e.g. "
+            "`torch.cuda.current_stream().wait_stream(...)` in a gradient hook), and no other compute is ready "
+            "to run meanwhile: wait only where the result is consumed, or record an event and wait on it later"
+        )
+    else:
         why = (
             f"the compute stream is held by a stream wait until {name} finishes, and no other compute is ready "
             "to run meanwhile"
         )
+        if site:
+            why += f"; the wait is issued at {site}"
         if kind == AG:
             why += (
                 "; these all-gathers were prefetched but take longer than the compute before them: a larger "
                 "stage3_prefetch_bucket_size starts them earlier, zero_quantized_weights or hpZ make them smaller"
             )
-        out.append(
-            finding(
-                "cross-stream-wait",
-                f"Compute stream waits for {name} on another stream",
-                why,
-                cost,
-                [view.rank_id],
-                steps,
-                evidence,
-            )
+    return finding(
+        "cross-stream-wait",
+        title,
+        why,
+        cost,
+        [view.rank_id],
+        steps,
+        evidence,
+        fix,
+        covers=_windows(st, sel),
+    )
+
+
+def _prefetch_fix(view: RankFacts, st: Stalls, sel: np.ndarray, evidence: dict[str, Any]) -> tuple[str, Fix | None]:
+    """fetch_sub_module waits for prefetched all-gathers that the compute before them did not cover. Those that
+    started as soon as the host issued them (within STARVED_LAUNCH_US) were issued too late: a prefetch bucket
+    large enough to issue them that much earlier, from their time against the part of it compute covered (at
+    most MAX_PREFETCH_GROWTH times the current bucket). Those that queued behind earlier work on their stream
+    (gathers back to back on a saturated stream) would not start earlier. Adds the numbers to `evidence`."""
+    g = view.gpu
+    n = view.n_steps
+    gathers = np.unique(st.comm[sel][st.comm[sel] >= 0])
+    late = gathers[g.start[gathers] - view.launch[gathers] <= STARVED_LAUNCH_US]
+    duration = float((g.end[late] - g.start[late]).sum())
+    hidden = duration - float(view.idle(g.start[late], g.end[late]).sum())
+    configured = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
+    current = int(configured) if isinstance(configured, int | float) and configured > 0 else DEFAULT_PREFETCH_BUCKET
+    growth = min(MAX_PREFETCH_GROWTH, duration / hidden) if hidden > 0 else MAX_PREFETCH_GROWTH
+    target = round_size(current * growth)
+    evidence.update(
+        {
+            "awaited_gathers_per_step": round(len(gathers) / n, 2),
+            "awaited_gather_us_per_step": round(float((g.end[gathers] - g.start[gathers]).sum()) / n, 3),
+            "issued_late_per_step": round(len(late) / n, 2),
+            "late_gather_us_per_step": round(duration / n, 3),
+            "late_gather_covered_by_compute_us_per_step": round(hidden / n, 3),
+            "prefetch_bucket_size": current,
+        }
+    )
+    if not len(late):
+        why = (
+            "fetch_sub_module makes the compute stream wait for prefetched all-gathers that were issued early "
+            "but queued behind each other on their stream: the gathers take longer than the compute they hide "
+            "behind, and a larger prefetch bucket would not start them earlier; zero_quantized_weights or hpZ "
+            "make them smaller"
         )
-    return out
+        return why, None
+    why = (
+        f"fetch_sub_module makes the compute stream wait for prefetched all-gathers issued too late: compute "
+        f"covered {hidden / n:.0f} of their {duration / n:.0f} µs per step; a stage3_prefetch_bucket_size of "
+        f"{sci(target)} (from {sci(current)}) issues them early enough, zero_quantized_weights or hpZ make them "
+        "smaller"
+    )
+    if target <= current:
+        return why, None
+    return why, make_fix(view.config, {"zero_optimization.stage3_prefetch_bucket_size": target})
 
 
 def _stream_waits_per_step(view: RankFacts) -> float | None:

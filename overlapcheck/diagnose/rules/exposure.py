@@ -1,0 +1,106 @@
+"""Exposed communication that no rule explains: located by collective, phase and the call site that issued it.
+
+Precondition: after every other rule of the rank, the exposed communication that no finding covers and that
+is not inherent (facts/coverage.py) is at least MIN_STEP_SHARE of the step. It names where that time is, not
+why: the cause is one no rule knows (or a rule's precondition did not hold), so it has no fix.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.analysis.activities import PHASES, phase_of, phase_windows
+from overlapcheck.diagnose.facts.coverage import Coverage
+from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.diagnose.finding import finding
+from overlapcheck.model import Finding
+from overlapcheck.trace import classify as C
+
+MIN_STEP_SHARE = 0.03  # unexplained exposure below this share of the step is not reported
+TOP_LOCATIONS = 5
+OPTIMIZER_OP = "Optimizer.step#"
+
+
+def unexplained_exposure(view: RankFacts, cov: Coverage) -> list[Finding]:
+    """One finding for the rank's unexplained exposed communication, with its largest locations."""
+    cost = cov.unexplained_us
+    if cost <= 0 or cost < MIN_STEP_SHARE * view.step_time_us:
+        return []
+    locations = _locations(view, cov.unexplained)
+    top = locations[0] if locations else {"collective": "communication", "phase": None, "call_site": None}
+    where = f" in {top['phase']}" if top["phase"] else ""
+    site = f" (issued at {top['call_site']})" if top["call_site"] else ""
+    evidence = {
+        "exposed_us_per_step": round(cov.exposed_us, 3),
+        "explained_us_per_step": round(cov.explained_us, 3),
+        "inherent_us_per_step": round(cov.inherent_us, 3),
+        "unexplained_us_per_step": round(cost, 3),
+        "by_location": locations[:TOP_LOCATIONS],
+    }
+    return [
+        finding(
+            "unexplained-exposure",
+            f"Exposed {top['collective']}{where} that no rule explains",
+            f"{cost / 1000:.2f} ms per step of communication{site} runs with no compute beside it, and no rule's "
+            "precondition holds for it: it is not the first all-gather or last gradient bucket (those are "
+            "inherent), no host sync, stream wait, straggler or bucket setting accounts for it; look at it on the "
+            "timeline (is it issued late, larger than the compute beside it, or waiting for a peer?)",
+            cost,
+            [view.rank_id],
+            view.step_numbers,
+            evidence,
+            covers=cov.unexplained,
+        )
+    ]
+
+
+def _locations(view: RankFacts, unexplained: iv.Intervals) -> list[dict[str, Any]]:
+    """The unexplained time per (collective, phase, call site), largest first (µs per step; where two
+    collectives overlap, each gets its share of the time they share)."""
+    g = view.gpu
+    rows = np.flatnonzero(view.is_comm & ((view.gpu_step >= 0) if len(view.model.steps) else True))
+    if not len(rows):
+        return []
+    part = view.covered(g.end[rows], unexplained) - view.covered(g.start[rows], unexplained)
+    keep = part > 0
+    rows, part = rows[keep], part[keep]
+    if not len(rows):
+        return []
+    total = iv.length(unexplained)
+    part = part * (total / part.sum())  # overlapping collectives share the time they overlap
+    phases = _phases(view, rows)
+    sites = view.callsites
+    grouped: dict[tuple[str, str | None, str | None], float] = defaultdict(float)
+    for r, p, phase in zip(rows.tolist(), part.tolist(), phases, strict=True):
+        thread = int(view.launch_thread[r])
+        site = sites.site(thread, float(view.launch[r])).get("frame") if thread >= 0 else None
+        grouped[(C.COLLECTIVES[int(g.coll[r])], phase, site if isinstance(site, str) else None)] += p
+    ranked = sorted(grouped.items(), key=lambda item: -item[1])
+    return [
+        {"collective": kind, "phase": phase, "call_site": site, "exposed_us_per_step": round(us / view.n_steps, 3)}
+        for (kind, phase, site), us in ranked
+    ]
+
+
+def _phases(view: RankFacts, rows: np.ndarray) -> list[str | None]:
+    """forward / backward / after backward / optimizer, by when the collective was issued (docs/metrics.md);
+    `optimizer` when it was issued inside the optimizer's step (`Optimizer.step#...`)."""
+    model = view.model
+    index = phase_of(model, view.launch[rows], phase_windows(model))
+    o = model.ops
+    opt = np.flatnonzero(view.name_mask(o.name, lambda n: n.startswith(OPTIMIZER_OP)))
+    spans = iv.union(o.start[opt], o.end[opt])
+    in_opt = (view.covered(view.launch[rows] + 1e-3, spans) - view.covered(view.launch[rows], spans)) > 0
+    out: list[str | None] = []
+    for i, opt_hit in zip(index.tolist(), in_opt.tolist(), strict=True):
+        if i < 0:
+            out.append(None)
+        elif PHASES[i] == "optimizer":
+            out.append("optimizer" if opt_hit else "after backward")
+        else:
+            out.append(PHASES[i])
+    return out
