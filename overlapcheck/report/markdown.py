@@ -60,12 +60,15 @@ class MarkdownRenderer:
         if report.findings:
             lines.append(f"**Findings** ({cell(P.explained(report) or 'ranked by cost')}):")
             lines.append("")
-            for i, f in enumerate(report.findings, 1):
+            shown, folded = P.costly(report)
+            for i, f in enumerate(shown, 1):
                 lines.append(
                     f"{i}. **[{f.severity}] {cell(f.title)}** (`{code(f.rule)}`, {P.ms(f.cost_us)} ms/step, "
                     f"ranks {P.rank_ranges(f.ranks)})"
                 )
                 lines += [f"   - fix: `{code(line)}`" for line in P.fix_lines(f.fix)]
+            if line := P.folded_line(folded):
+                lines += ["", cell(line[0].upper() + line[1:]) + "."]
             lines.append("")
         for err in report.errors:
             lines.append(f"- error: {cell(err.error)}")

@@ -365,7 +365,7 @@ def verdict(report: Report) -> Verdict:
         worst_share_rank=share.worst_rank if share else None,
         exposed_us_per_step=median(per_step(r, ALL, "exposed_us") for r in having),
         step_us=median(mean_step_us(r) for r in report.ranks),
-        top_finding=report.findings[0] if report.findings else None,
+        top_finding=next(iter(costly(report)[0]), None),
     )
 
 
@@ -421,6 +421,30 @@ def combined_patch(findings: Sequence[Finding]) -> dict[str, Any] | None:
     for f in reversed(findings):  # ranked costliest first
         merged.update(f.fix.config or {})
     return config_patch(merged) if merged else None
+
+
+NO_COST_SHARE = 0.001  # a finding below this share of the step (or under 1 µs per step) costs nothing measurable
+NO_COST_US = 1.0
+
+
+def costly(report: Report) -> tuple[list[Finding], list[Finding]]:
+    """The findings that cost something measurable, and those that do not ("also seen, no measurable cost":
+    folded in the terminal, the Markdown and the HTML; the JSON keeps every finding). Both in report order."""
+    step = median(mean_step_us(r) for r in report.ranks if r.collectives[ALL].count) or 0.0
+    floor = max(NO_COST_US, NO_COST_SHARE * step)
+    shown = [f for f in report.findings if f.cost_us >= floor]
+    return shown, [f for f in report.findings if f.cost_us < floor]
+
+
+def folded_line(findings: Sequence[Finding]) -> str | None:
+    """'also seen, no measurable cost: host-sync (2), epilogue-sync' for the folded findings."""
+    if not findings:
+        return None
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.rule] = counts.get(f.rule, 0) + 1
+    rules = ", ".join(f"{rule} ({n})" if n > 1 else rule for rule, n in counts.items())
+    return f"also seen, no measurable cost: {rules}"
 
 
 def explained(report: Report) -> str | None:

@@ -103,8 +103,11 @@ def _rank_table(report: Report) -> Table:
 
 def _findings(report: Report) -> Panel:
     parts: list[RenderableType] = []
-    for i, f in enumerate(report.findings, 1):
+    shown, folded = P.costly(report)
+    for i, f in enumerate(shown, 1):
         parts += _finding(i, f)
+    if line := P.folded_line(folded):
+        parts.append(Text(line[0].upper() + line[1:] + ".", style="dim"))
     title = "Findings" + (f" ({text})" if (text := P.explained(report)) else "")
     return Panel(Group(*parts), title=escape(title), title_align="left", border_style="yellow")
 

@@ -401,7 +401,11 @@
     var h = hit(ev.clientX - rect.left, ev.clientY - rect.top);
     if (h && h.finding !== undefined && h.finding >= 0) {
       var target = document.getElementById('finding-' + h.finding);
-      if (target) { location.hash = '#finding-' + h.finding; target.scrollIntoView(); }
+      if (target) {
+        var folded = target.closest('details.folded');
+        if (folded) folded.open = true;
+        location.hash = '#finding-' + h.finding; target.scrollIntoView();
+      }
     }
   });
   canvas.addEventListener('mousemove', function (ev) { if (!drag || !canvas.classList.contains('dragging')) showTip(ev); });
