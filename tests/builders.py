@@ -78,6 +78,29 @@ def launch(ts: float, corr: int, dur: float = 1.0, tid: int = 100) -> dict[str, 
     }
 
 
+def runtime(name: str, ts: float, dur: float, corr: int, tid: int = 100) -> dict[str, Any]:
+    """A CUDA runtime call (cudaStreamSynchronize, cudaMemcpyAsync, cudaStreamWaitEvent, ...)."""
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        "pid": 100,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
+
+
+def frame(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
+    """A python_function frame (with_stack=True), e.g. `train.py(57): grad_hook`."""
+    return {"ph": "X", "cat": "python_function", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
+
+
+def cpu_op(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
+
+
 def step(number: int, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
     return {
         "ph": "X",

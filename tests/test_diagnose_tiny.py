@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from builders import kernel, launch, step, write_trace
+from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
 
 from overlapcheck.diagnose import severity_of
 from overlapcheck.diagnose.facts.callsite import functions, is_site, is_user, parse_frame
@@ -17,27 +17,6 @@ from overlapcheck.pipeline import analyze
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
 RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
-
-
-def runtime(name: str, ts: float, dur: float, corr: int, tid: int = 100) -> dict[str, Any]:
-    return {
-        "ph": "X",
-        "cat": "cuda_runtime",
-        "name": name,
-        "pid": 100,
-        "tid": tid,
-        "ts": ts,
-        "dur": dur,
-        "args": {"correlation": corr},
-    }
-
-
-def frame(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
-    return {"ph": "X", "cat": "python_function", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
-
-
-def cpu_op(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
-    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
 
 
 def diagnose(folder: Path, config: dict[str, Any] | None = None) -> Report:

@@ -4,11 +4,10 @@ on hand-built traces."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from builders import kernel, launch, step, write_trace
+from builders import cpu_op, kernel, launch, step, write_trace
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
@@ -25,10 +24,6 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
 AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
-def op(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
-    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
-
-
 def ddp_trace(folder: Path, rank: int = 0, world_size: int = 1) -> Path:
     """One step: compute [0, 1000) and [2004, 2500) on stream 7; all-reduces on stream 20 at [1000, 2000) and
     [2500, 3000), each launched inside `c10d::allreduce_` just before it starts; the second compute kernel is
@@ -40,12 +35,12 @@ def ddp_trace(folder: Path, rank: int = 0, world_size: int = 1) -> Path:
         step(1, 0, 3200),
         launch(0, 1),
         kernel(GEMM, 0, 1000, corr=1),
-        op("c10d::allreduce_", 990, 8),
+        cpu_op("c10d::allreduce_", 990, 8),
         launch(995, 2),
         kernel(AR, 1000, 1000, stream=20, corr=2),
         launch(2000, 3),
         kernel(GEMM, 2004, 496, corr=3),
-        op("c10d::allreduce_", 2490, 8),
+        cpu_op("c10d::allreduce_", 2490, 8),
         launch(2495, 4),
         kernel(AR, 2500, 500, stream=20, corr=4),
     ]

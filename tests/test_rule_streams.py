@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from builders import kernel, launch, step, write_trace
+from builders import frame, kernel, launch, step, write_trace
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
@@ -59,10 +59,6 @@ def wait_event(ts: float, corr: int, stream: int, wait_on: int, record: bool = T
         },
     }
     return [call, rec] if record else [call]
-
-
-def frame(name: str, ts: float, dur: float) -> dict[str, Any]:
-    return {"ph": "X", "cat": "python_function", "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur}
 
 
 def write(folder: Path, events: list[dict[str, Any]]) -> Path:

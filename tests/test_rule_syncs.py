@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from builders import kernel, launch, step, write_trace
+from builders import frame, kernel, launch, runtime, step, write_trace
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
@@ -22,23 +22,6 @@ RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096
 AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 WAITS = "allgather-not-prefetched"
 THROTTLE = "deepspeed/runtime/zero/stage3.py(1667): __reduce_and_partition_ipg_grads"
-
-
-def runtime(name: str, ts: float, dur: float, corr: int, tid: int = 100) -> dict[str, Any]:
-    return {
-        "ph": "X",
-        "cat": "cuda_runtime",
-        "name": name,
-        "pid": 100,
-        "tid": tid,
-        "ts": ts,
-        "dur": dur,
-        "args": {"correlation": corr},
-    }
-
-
-def frame(name: str, ts: float, dur: float, tid: int = 100) -> dict[str, Any]:
-    return {"ph": "X", "cat": "python_function", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
 
 
 def copy(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def _delays(view: RankFacts) -> Delays:
     if not live:
         return result()
     g = view.gpu
-    thread_of = _launch_threads(view)
+    thread_of = view.launch_thread
     prev = _previous_on_stream(view)
     first = set(view.first_gathers.tolist())
     left = np.maximum(st.cost - view.claimed_by_communicator, 0.0)
@@ -220,20 +220,6 @@ def _step_ends(view: RankFacts) -> Callable[[float], float]:
         return float(ends[i]) if i >= 0 and t < ends[i] else np.inf
 
     return end_of
-
-
-def _launch_threads(view: RankFacts) -> np.ndarray:
-    """The thread (index) whose runtime call launched each GPU row (-1 when its launch is not in the trace)."""
-    rt, g = view.model.runtime, view.gpu
-    out = np.full(len(g), -1, dtype=np.int64)
-    if not len(rt) or not len(g):
-        return out
-    order = np.argsort(rt.correlation, kind="stable")
-    corr = rt.correlation[order]
-    i = np.clip(np.searchsorted(corr, g.correlation), 0, len(corr) - 1)
-    hit = (g.correlation >= 0) & (corr[i] == g.correlation)
-    out[hit] = rt.thread[order[i[hit]]]
-    return out
 
 
 def _previous_on_stream(view: RankFacts) -> np.ndarray:
