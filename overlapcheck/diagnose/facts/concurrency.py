@@ -166,11 +166,12 @@ def serialized_delay(view: RankFacts, st: Stalls) -> np.ndarray:
         return out
     comm = comm[np.argsort(g.end[comm], kind="stable")]
     stream_end = previous_end_on_stream(view)
+    comm_end = g.end[comm]
     for n, c in enumerate(st.comm.tolist()):
         if c < 0 or g.pg[c] < 0:
             continue
-        a = np.searchsorted(g.end[comm], g.start[c] - DEPENDENCY_TOLERANCE_US, side="left")
-        b = np.searchsorted(g.end[comm], g.start[c] + DEPENDENCY_TOLERANCE_US, side="right")
+        a = np.searchsorted(comm_end, g.start[c] - DEPENDENCY_TOLERANCE_US, side="left")
+        b = np.searchsorted(comm_end, g.start[c] + DEPENDENCY_TOLERANCE_US, side="right")
         near = comm[a:b]
         if not ((g.pg[near] == g.pg[c]) & (g.coll[near] != g.coll[c])).any():
             continue

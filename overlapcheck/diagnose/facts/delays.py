@@ -45,6 +45,7 @@ reductions it waits for.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -121,8 +122,11 @@ def _delays(view: RankFacts) -> Delays:
         np.array([w[1] for ws in wc.windows for w in ws], dtype=np.float64),
     )
     # what a launch could win back there (hostsyncs.window_idle), less what chain_costs charged already
-    w_idle = window_idle(view, np.array([w.start for w in windows]), np.array([w.end for w in windows]))
-    w_left = [max(0.0, float(w_idle[k]) - iv.length(iv.clip(charged, w.start, w.end))) for k, w in enumerate(windows)]
+    w_start = np.array([w.start for w in windows], dtype=np.float64)
+    w_end = np.array([w.end for w in windows], dtype=np.float64)
+    w_idle = window_idle(view, w_start, w_end)
+    w_charged = view.covered(w_end, charged) - view.covered(w_start, charged) if len(charged) else np.zeros(len(w_end))
+    w_left = np.maximum(0.0, w_idle - w_charged).tolist()
 
     def self_shift(c: int, j: int, owner: str, lead: float, moved: dict[int, tuple[str, float]]) -> float:
         """How much earlier collective `c` could start without call `j`: issued `lead` earlier when `j`'s thread
@@ -145,22 +149,29 @@ def _delays(view: RankFacts) -> Delays:
     on_s = np.flatnonzero(g.stream == view.compute_stream)
     on_s = on_s[np.argsort(g.start[on_s], kind="stable")]
     prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(g.end[on_s])[:-1]])
+    on_s_start = g.start[on_s]
     stall_of = {int(k): n for n, k in enumerate(st.kernel.tolist())}
     window_of = {w.row: k for k, w in enumerate(windows) if w.row >= 0}
     moved: dict[int, tuple[str, float]] = {}  # collective row -> (owner rule, how much earlier it would start)
+    # the waiting calls by start, and for each the first later one of another owner (one pass, not a search per call)
+    by_start = sorted(waited, key=lambda i: syncs[i].start)
+    starts = [syncs[i].start for i in by_start]
+    next_other = [len(by_start)] * len(by_start)
+    for p in range(len(by_start) - 2, -1, -1):
+        same = wc.owners[by_start[p + 1]] == wc.owners[by_start[p]]
+        next_other[p] = next_other[p + 1] if same else p + 1
     for j in live:
         s = syncs[j]
         owner = wc.owners[j][0]
         lead = max(0.0, s.blocked - float(wc.cost[j]))
         # the walk ends at the next call of another owner that waits for GPU work, or at the end of the step
-        later = sorted(
-            (i for i in waited if syncs[i].start >= s.end and wc.owners[i] != wc.owners[j]),
-            key=lambda i: syncs[i].start,
-        )
-        stop = min(syncs[later[0]].start, step_end(s.end)) if later else step_end(s.end)
+        p = bisect_left(starts, s.end)
+        if p < len(by_start) and wc.owners[by_start[p]] == wc.owners[j]:
+            p = next_other[p]
+        stop = min(syncs[by_start[p]].start, step_end(s.end)) if p < len(by_start) else step_end(s.end)
         gain = 0.0  # how much earlier the compute stream runs at this point without the call
         parts: list[tuple[int, int, float]] = []  # (kind 0 stall / 1 window, index, idle removed) since a cut
-        for pos in range(int(np.searchsorted(g.start[on_s], s.end, side="left")), len(on_s)):
+        for pos in range(int(np.searchsorted(on_s_start, s.end, side="left")), len(on_s)):
             k = int(on_s[pos])
             launched = float(view.launch[k])
             if launched >= stop or lead <= 0:

@@ -110,8 +110,7 @@ def awaited_work(
             if inside >= 0.5 * (c_end - c_start):
                 out.append(copy)
     if waits_queue:
-        by_end = _rows_by_end(view)
-        ends = g.end[by_end]
+        by_end, ends = _rows_by_end(view)
         a = int(np.searchsorted(ends, start, side="left"))
         b = int(np.searchsorted(ends, end + WAIT_TOLERANCE_US, side="right"))
         rows = by_end[a:b]
@@ -122,9 +121,14 @@ def awaited_work(
     return out
 
 
-def _rows_by_end(view: RankFacts) -> np.ndarray:
-    """GPU rows sorted by end (once per rank: `awaited_work` runs once per call)."""
-    return view.memo("rows_by_end", lambda v: np.argsort(v.gpu.end, kind="stable"))
+def _rows_by_end(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+    """GPU rows sorted by end, and their ends (once per rank: `awaited_work` runs once per call)."""
+
+    def sort(v: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(v.gpu.end, kind="stable")
+        return order, v.gpu.end[order]
+
+    return view.memo("rows_by_end", sort)
 
 
 def _copy_can_block(view: RankFacts, row: int, asynchronous: bool) -> bool:
@@ -320,11 +324,12 @@ def held_windows(view: RankFacts, windows: list[Window]) -> list[Window]:
     on_s = np.flatnonzero(g.stream == view.compute_stream)
     on_s = on_s[np.argsort(g.start[on_s], kind="stable")]
     queued_end = np.maximum.accumulate(g.end[on_s])
+    on_s_start = g.start[on_s]
     out = sorted(windows, key=lambda w: w.start)
     for kernel, hi, comm in zip(st.kernel.tolist(), st.end.tolist(), st.comm.tolist(), strict=True):
         if comm not in first or g.start[comm] - view.launch[comm] > STARVED_LAUNCH_US:
             continue
-        i = int(np.searchsorted(g.start[on_s], g.start[kernel], side="left"))
+        i = int(np.searchsorted(on_s_start, g.start[kernel], side="left"))
         lo = float(queued_end[i - 1]) if i > 0 else float(g.start[comm])  # the stream's queue ran dry here
         start = lo
         keep = []
