@@ -138,6 +138,22 @@ def test_reduce_scatter_after_backward_is_deferred_and_fix_sized_from_parameters
     assert "1,000 trainable parameters" in f.why
 
 
+def test_sizes_read_from_the_same_reduce_scatters_do_not_make_it_deferred(tmp_path: Path) -> None:
+    # no autograd thread, no config: bucket and parameter count would both come from the one reduce-scatter
+    rs_args = {"Collective name": "_reduce_scatter_base", "In msg nelems": 1_048_576, "dtype": "BFloat16"}
+    events = [
+        step(1, 0, 2000),
+        launch(0, 1),
+        kernel(GEMM, 0, 400, corr=1),
+        launch(10, 2),
+        kernel(RS, 400, 400, corr=2, **rs_args),
+        launch(20, 3),
+        kernel(GEMM, 800, 400, corr=3),
+    ]
+    write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=2)
+    assert "reduce-scatter-deferred" not in rules(diagnose(tmp_path))
+
+
 def test_reduce_scatter_during_backward_is_not_deferred(tmp_path: Path) -> None:
     assert "reduce-scatter-deferred" not in rules(diagnose(backward_trace(tmp_path, True)))
 

@@ -124,3 +124,20 @@ def test_cross_rank_findings_explain_the_rest_of_each_rank(tmp_path: Path) -> No
     assert rest is not None and rest.cost_us == 400.0
     assert _explained(results, across) == pytest.approx(600.0 / 1500.0)
     assert _less_cross_explained(results[0].findings[0], results[0], {0: 990.0}) is None  # 10 µs left: dropped
+
+
+def test_a_collective_that_compute_follows_is_not_the_steps_tail(tmp_path: Path) -> None:
+    # one stream, no backward ops: compute, an all-reduce, compute again; the all-reduce is no last bucket
+    events = [
+        step(1, 0, 3200),
+        launch(0, 1),
+        kernel(GEMM, 0, 1000, corr=1),
+        launch(995, 2),
+        kernel(AR, 1000, 1000, corr=2),
+        launch(1000, 3),
+        kernel(GEMM, 2000, 1000, corr=3),
+    ]
+    write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=1)
+    cov = coverage(facts_of(tmp_path / "rank0.trace.json.gz"), [])
+    assert (cov.exposed_us, cov.inherent_us, cov.unexplained_us) == (1000.0, 0.0, 1000.0)
+    assert "unexplained-exposure" in {f.rule for f in analyze(tmp_path, jobs=1).findings}

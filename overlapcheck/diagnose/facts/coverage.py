@@ -54,7 +54,8 @@ def inherent_windows(view: RankFacts) -> iv.Intervals:
     for in any configuration (RankFacts.first_gather_waits), and per step the gradient reductions once backward
     compute has ended (the last bucket, flushed by the epilogue, and the reductions still queued on the stream
     then): the step's reduce-scatters (its all-reduces when it has none, as in DDP) after the end of the last
-    compute-stream kernel its backward pass issued; without backward ops in the trace, the last-ending one."""
+    compute-stream kernel its backward pass issued; without backward ops in the trace, the last-ending one when
+    no compute of the step starts after it."""
     g = view.gpu
     inherent = view.first_gather_waits
     phase = phase_of(view.model, view.launch, phase_windows(view.model))
@@ -67,10 +68,18 @@ def inherent_windows(view: RankFacts) -> iv.Intervals:
             if kind == AR and ((g.coll[view.step_rows[step]] == RS) & view.is_comm[view.step_rows[step]]).any():
                 continue  # ZeRO's all-reduces (gradient norm, overflow check) are not gradient buckets
             last = rows[np.argmax(g.end[rows])]
+            if step not in backward_end and _compute_after(view, step, float(g.end[last])):
+                continue  # no backward ops to tell, and compute of the step follows it: not the step's tail
             lo = backward_end.get(step, float(g.start[last]))
             tail = iv.clip(iv.union(g.start[rows], g.end[rows]), lo, float(g.end[last]))
             inherent = iv.combine(inherent, tail)
     return iv.subtract(inherent, view.compute)
+
+
+def _compute_after(view: RankFacts, step: int, t: float) -> bool:
+    """Whether a compute kernel of `step` starts at or after `t`."""
+    rows = view.step_rows.get(step)
+    return rows is not None and bool((view.is_compute[rows] & (view.gpu.start[rows] >= t)).any())
 
 
 def coverage(view: RankFacts, findings: Sequence[Finding], limits: Collection[str] = ()) -> Coverage:

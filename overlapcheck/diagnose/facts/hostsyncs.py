@@ -356,7 +356,7 @@ def chain_costs(
     minus what the other owners' later calls would then wait longer (they wait for the same GPU work); the
     window's compute idle bounds the gain. Each owner's share goes to its calls in proportion to blocked time.
     Also returns, per call, the step whose boundary window it delayed (-1: inside a step) and where the idle
-    it is charged for lies: the last `saved` µs of each window it was charged on (its owner's share)."""
+    it is charged for lies: each window it was charged on (the epilogue: the last `saved` µs of it)."""
     cost = np.zeros(len(syncs))
     boundary = np.full(len(syncs), -1)
     charged: list[list[tuple[float, float]]] = [[] for _ in syncs]
@@ -396,9 +396,13 @@ def chain_costs(
             saved = min(bound, max(0.0, blocked[mine].sum() - blocked[later].sum()))
             cost[mine] += saved * blocked[mine] / max(blocked[mine].sum(), 1e-9)
             boundary[mine] = windows[n].boundary
-            if saved > 0:  # the launch moves earlier by `saved`: the window's last `saved` µs go
+            if saved > 0:
+                # the compute idled there because these calls held the host: the whole window is what they
+                # explain (what a fix recovers is `saved`); the epilogue's window is the last bucket's inherent
+                # wait, of which only its own overhead, the last `saved` µs, is its
+                first_us = float(hi[n]) - saved if owner[0] in WAITED_FOR else float(lo[n])
                 for m in mine.tolist():
-                    charged[m].append((max(float(lo[n]), float(hi[n]) - saved), float(hi[n])))
+                    charged[m].append((max(float(lo[n]), first_us), float(hi[n])))
     return cost, boundary, charged
 
 

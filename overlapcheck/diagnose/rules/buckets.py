@@ -123,7 +123,10 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
     if ends:
         after = rs & (view.launch > _per_row(ends, view.gpu_step))
     else:
-        after = rs if (params is not None and bucket >= params) else np.zeros(len(g), dtype=bool)
+        # no backward thread to tell when backward ended: only a bucket the job's own numbers show to hold every
+        # gradient (both taken from the trace's reduce-scatter sizes would agree by construction)
+        known = params is not None and params_src != "trace" and bucket_src != "trace"
+        after = rs if (known and params is not None and bucket >= params) else np.zeros(len(g), dtype=bool)
     weight = g.nelems if (g.nelems[rs] > 0).all() else g.end - g.start  # sizes are missing before torch 2.2
     share = weight[after].sum() / max(1e-9, weight[rs].sum())
     if not after.any() or share < DEFERRED_SHARE:

@@ -35,6 +35,7 @@ LATEST_SHARE = 0.5  # the straggler arrives last at collectives that carry at le
 MIN_SPREAD_US = 2.0  # collectives whose durations differ less than this across ranks say nothing
 MIN_STEP_SHARE = 0.01  # a straggler costs at least this share of the step (and the others wait that long)
 OWN_WAIT_SHARE = 0.5  # the straggler itself waits at most half as long as the median other rank
+TWO_RANK_OWN_WAIT_SHARE = 0.25  # with two ranks, at most a quarter as long as the other
 HOST_SHARE = 0.5  # a late host: its longer lead-in accounts for at least this share of the others' waiting
 
 
@@ -102,7 +103,7 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     for k in kinds.values():
         col = int(np.argmin(_waits(k, steps)))
         stats = _kind_stats(k, steps, col)
-        if _tells(stats, floor):
+        if _tells(stats, floor, len(ranks)):
             score[col] += stats["others_exposed_wait_us_per_step"]
     if not score:
         return []
@@ -110,7 +111,7 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     rank = ranks[col]
     by_kind = {kind: _kind_stats(k, steps, col) for kind, k in kinds.items()}
     for stats in by_kind.values():
-        stats["telling"] = _tells(stats, floor)
+        stats["telling"] = _tells(stats, floor, len(ranks))
     others = [r for r in range(len(ranks)) if r != col]
     exposed_for = np.sum([_waiting_for(k, steps, col, exposed=True) for k in kinds.values()], axis=0)
     waiting_for = np.sum([_waiting_for(k, steps, col, exposed=False) for k in kinds.values()], axis=0)
@@ -243,12 +244,15 @@ def _kind_stats(k: _Kind, steps: np.ndarray, col: int) -> dict[str, Any]:
     }
 
 
-def _tells(stats: dict[str, Any], floor: float) -> bool:
-    """Whether one kind's collectives show this rank as the straggler (see `straggler`)."""
+def _tells(stats: dict[str, Any], floor: float, n_ranks: int) -> bool:
+    """Whether one kind's collectives show this rank as the straggler (see `straggler`). With two ranks the share
+    of the spread follows from the waits alone (own <= half the other's already makes it >= 2/3) and chance
+    delays split 2:1 easily, so two ranks need a clearer imbalance (TWO_RANK_OWN_WAIT_SHARE)."""
+    own_share = TWO_RANK_OWN_WAIT_SHARE if n_ranks == 2 else OWN_WAIT_SHARE
     return (
         stats["informative"] > 0
         and stats["others_exposed_wait_us_per_step"] >= max(floor, 1e-9)
-        and stats["own_wait_us_per_step"] <= OWN_WAIT_SHARE * stats["others_wait_us_per_step"]
+        and stats["own_wait_us_per_step"] <= own_share * stats["others_wait_us_per_step"]
         and stats["last_share_of_spread"] >= LATEST_SHARE
     )
 

@@ -101,7 +101,8 @@ def no_stream_concurrency(view: RankFacts) -> list[Finding]:
         "collectives_held_without_wait": ser.unexplained_held,
         "collectives_held_after_wait": ser.explained_held,
         "unexplained_stall_us_per_step": ser.unexplained_cost_us,
-        "wait_evidence": [WAIT_CALL, WAIT_RECORD],
+        # the explicit-wait events the trace has (what was looked for: cudaStreamWaitEvent, Stream Wait Event)
+        "wait_evidence": [n for n in (WAIT_CALL, WAIT_RECORD) if view.model.name_index(n) >= 0],
         "env": dict(ser.env) or None,
     }
     if ser.env:
