@@ -22,6 +22,7 @@ from overlapcheck.trace.reader import load_trace
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
 AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
 def ddp_trace(folder: Path, rank: int = 0, world_size: int = 1) -> Path:
@@ -141,3 +142,30 @@ def test_a_collective_that_compute_follows_is_not_the_steps_tail(tmp_path: Path)
     cov = coverage(facts_of(tmp_path / "rank0.trace.json.gz"), [])
     assert (cov.exposed_us, cov.inherent_us, cov.unexplained_us) == (1000.0, 0.0, 1000.0)
     assert "unexplained-exposure" in {f.rule for f in analyze(tmp_path, jobs=1).findings}
+
+
+def test_a_collective_issued_inside_the_optimizer_step_is_located_there(tmp_path: Path) -> None:
+    # real clocks are ~1.7e15 µs, where a float64 step is 0.25 µs: the phase must not rely on sub-µs offsets
+    t0 = 1.6827259e15
+    events = [
+        {**e, "ts": e["ts"] + t0}
+        for e in [
+            step(1, 0, 3200),
+            cpu_op("autograd::engine::evaluate_function: MmBackward0", 0, 900),
+            launch(0, 1),
+            kernel(GEMM, 0, 1000, corr=1),
+            launch(50, 5),  # a reduce-scatter hidden behind backward: the all-reduces are no gradient buckets
+            kernel(RS, 100, 200, stream=17, corr=5),
+            {**step(0, 950, 150), "name": "Optimizer.step#AdamW.step"},
+            launch(995, 2),
+            kernel(AR, 1000, 1000, stream=20, corr=2),
+            launch(2000, 3),
+            kernel(GEMM, 2004, 496, corr=3),
+            launch(2495, 4),
+            kernel(AR, 2500, 500, stream=20, corr=4),
+        ]
+    ]
+    write_trace(tmp_path, "rank0.trace.json.gz", events, rank=0, world_size=1)
+    f = next(f for f in analyze(tmp_path, jobs=1).findings if f.rule == "unexplained-exposure")
+    assert f.evidence["by_location"][0]["phase"] == "optimizer"
+    assert "in optimizer" in f.title

@@ -94,7 +94,9 @@ def _phases(view: RankFacts, rows: np.ndarray) -> list[str | None]:
     o = model.ops
     opt = np.flatnonzero(view.name_mask(o.name, lambda n: n.startswith(OPTIMIZER_OP)))
     spans = iv.union(o.start[opt], o.end[opt])
-    in_opt = (view.covered(view.launch[rows] + 1e-3, spans) - view.covered(view.launch[rows], spans)) > 0
+    t = view.launch[rows]
+    k = np.searchsorted(spans.starts, t, side="right") - 1  # the latest optimizer step starting at or before t
+    in_opt = (k >= 0) & (t < spans.ends[np.maximum(k, 0)]) if len(spans) else np.zeros(len(t), dtype=bool)
     out: list[str | None] = []
     for i, opt_hit in zip(index.tolist(), in_opt.tolist(), strict=True):
         if i < 0:
