@@ -79,6 +79,7 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
     timelines = timelines_view(report.timelines, ranks, report.findings)
     classes = _classes_in(timelines)
     v = P.verdict(report)
+    n_costly = len(P.costly(report)[0])
     view = {
         "tool": {"name": report.tool.name, "version": report.tool.version},
         "run": _scalars(report.run),
@@ -94,7 +95,7 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
             "exposed_share_worst_rank": v.worst_share_rank,
             "exposed_median_us": _num(v.exposed_us_per_step),
             "top_finding": finding_view(v.top_finding) if v.top_finding else None,
-            "n_findings": len(P.costly(report)[0]),
+            "n_findings": n_costly,
         },
         "ranks": rank_rows(ranks, timelines),
         "outside_steps": P.outside_steps_line(report),
@@ -103,7 +104,7 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
         "crossrank": crossrank(report),
         "bandwidth": bandwidth_view(report),
         "findings": [finding_view(f) for f in report.findings],
-        "n_costly": len(P.costly(report)[0]),  # the rest (no measurable cost) are folded
+        "n_costly": n_costly,  # the rest (no measurable cost) are folded
         "combined_patch": _pretty(patch) if (patch := P.combined_patch(report.findings)) else None,
         "explain_share": _num(report.findings_explain_share),
         "errors": [{"source": e.source, "error": e.error} for e in report.errors],

@@ -123,7 +123,7 @@ class CallSites:
             if python:
                 useful = [f for f in names if is_deepspeed(f) or is_user(f)]
                 site = next((f for f in names if is_site(f)), useful[0] if useful else names[0])
-                self._sites[key] = (_short(site), [_short(f) for f in useful[:12]])
+                self._sites[key] = (short_frame(site), [short_frame(f) for f in useful[:12]])
             else:
                 ops = [op for op in names if not op.startswith("ProfilerStep#")]
                 self._sites[key] = (" < ".join(ops[:3]) if ops else None, ops[:12])
@@ -136,7 +136,8 @@ def _flat(typecode: str, values: np.ndarray) -> array:
     return array(typecode, values.astype(np.float64 if typecode == "d" else np.int64).tobytes())
 
 
-def _short(frame: str) -> str:
+def short_frame(frame: str) -> str:
+    """`/opt/x/site-packages/deepspeed/a.py(12): f` -> `deepspeed/a.py(12): f` (other names as they are)."""
     parsed = parse_frame(frame)
     if parsed is None:
         return frame

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.diagnose.facts.callsite import is_deepspeed, is_user, parse_frame, short_file
+from overlapcheck.diagnose.facts.callsite import is_deepspeed, is_user, short_frame
 from overlapcheck.trace.model import ANNOTATION, PYTHON
 
 if TYPE_CHECKING:
@@ -129,18 +129,10 @@ def _frames(view: RankFacts, rows: np.ndarray | None, a: float, b: float) -> lis
             if best is None or clip[best] < DOMINANT * clip[k]:
                 break
             k = best
-        out.append((_short(names[k]), clip[k]))
+        out.append((short_frame(names[k]), clip[k]))
     return out
 
 
 def _library(name: str) -> bool:
     """A frame outside the application and DeepSpeed (a library, a built-in): where the descent stops."""
     return not (is_user(name) or is_deepspeed(name))
-
-
-def _short(name: str) -> str:
-    parsed = parse_frame(name)
-    if parsed is None:
-        return name
-    file, line, func = parsed
-    return f"{short_file(file)}({line}): {func}"

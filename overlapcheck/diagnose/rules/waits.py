@@ -40,7 +40,7 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
     mask, all_costs = not_prefetched_costs(view)
     if not mask.any():
         return []
-    costs = np.maximum(0.0, all_costs - remaining_if_prefetched(view, mask))[mask]
+    costs = np.maximum(0.0, all_costs - on_demand_remainder(view))[mask]
     per_step = mask.sum() / view.n_steps
     cost, steps = view.per_step(costs, view.launch[st.kernel[mask]])
     prefetch = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
@@ -100,8 +100,18 @@ def remaining_if_prefetched(view: RankFacts, mask: np.ndarray) -> np.ndarray:
 
 
 def not_prefetched_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
-    """Per stall: whether allgather-not-prefetched owns it, and its cost there. An on-demand gather whose late
-    issue a host sync's block explains is that sync's (facts/delays.py); without those, still a pattern?"""
+    """Per stall: whether allgather-not-prefetched owns it, and what no more specific rule claimed of it (its
+    cost there). An on-demand gather whose late issue a host sync's block explains is that sync's
+    (facts/delays.py); without those, still a pattern? Once per rank: both gather rules and locate.py read it."""
+    return view.memo("not_prefetched_costs", _not_prefetched_costs)
+
+
+def on_demand_remainder(view: RankFacts) -> np.ndarray:
+    """`remaining_if_prefetched` for the not-prefetched stalls, once per rank (both gather rules read it)."""
+    return view.memo("on_demand_remainder", lambda v: remaining_if_prefetched(v, not_prefetched_costs(v)[0]))
+
+
+def _not_prefetched_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     st = view.stalls
     costs = rest(view, st, view.claimed_by_communicator) - host_delayed(view).explained
     mask = not_prefetched(view, st) & (costs > 0)
@@ -168,16 +178,11 @@ def allgather_transfer_bound(view: RankFacts) -> list[Finding]:
     if hardware_serialized(view):
         return []
     st = view.stalls
-    on_demand_mask, on_demand_costs = not_prefetched_costs(view)
+    on_demand_mask, unclaimed = not_prefetched_costs(view)
     queued = queued_gathers(view) & ~on_demand_mask
     # a queued gather's whole wait (what no more specific rule claimed); of the on-demand pattern's, what would
     # remain with the gathers prefetched
-    unclaimed = np.maximum(rest(view, st, view.claimed_by_communicator) - host_delayed(view).explained, 0.0)
-    left = np.where(
-        queued,
-        unclaimed,
-        np.minimum(on_demand_costs, remaining_if_prefetched(view, on_demand_mask)) * on_demand_mask,
-    )
+    left = np.where(queued, unclaimed, np.minimum(unclaimed, on_demand_remainder(view)) * on_demand_mask)
     sel = (queued | on_demand_mask) & (left > 0)
     if not sel.any():
         return []
