@@ -339,7 +339,7 @@ class Blame:
 
     rule: str
     key: str
-    kind: str  # "sync", "wait" or "late-launch"
+    kind: str  # "sync", "wait", "late-launch" or "exposed" (communication a finding charges, on its stream)
     start: float
     end: float
     thread: int  # the host thread's tid (a wait: the stream held), -1 when unknown

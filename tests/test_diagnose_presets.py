@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from overlapcheck.diagnose.registry import WARNING_SHARE
+from overlapcheck.diagnose.rule import WARNING_SHARE
 from overlapcheck.model import Finding, Report
 from overlapcheck.pipeline import analyze
 from overlapcheck.simulate import generate

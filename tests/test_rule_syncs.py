@@ -12,7 +12,7 @@ from builders import frame, kernel, launch, runtime, step, write_trace
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.diagnose.rules.syncs import owned_by
+from overlapcheck.diagnose.registry import BY_ID
 from overlapcheck.model import Finding, Report
 from overlapcheck.pipeline import analyze
 from overlapcheck.trace.reader import load_trace
@@ -46,7 +46,9 @@ def diagnose(folder: Path, events: list[dict[str, Any]]) -> Report:
 def rank_finding(folder: Path, rule: str) -> Finding:
     """The rank's finding of one sync rule, before the merge (which keeps no `covers`)."""
     model = load_trace(str(folder / "rank0.trace.json.gz"))
-    (f,) = owned_by(rule)(RankFacts(model, analyze_model(model)))
+    find = BY_ID[rule].find
+    assert find is not None
+    (f,) = find(RankFacts(model, analyze_model(model)))
     return f
 
 

@@ -12,15 +12,13 @@ import statistics
 from collections.abc import Sequence
 
 from overlapcheck.diagnose.facts.coverage import coverage
+from overlapcheck.diagnose.facts.signature import collective_signature
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, RULES, Rule
-from overlapcheck.diagnose.rules.exposure import MIN_STEP_SHARE as UNEXPLAINED_SHARE
-from overlapcheck.diagnose.rules.stragglers import collective_signature
+from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, LIMITS, RULES
+from overlapcheck.diagnose.rule import Rule
 from overlapcheck.job import JobContext
 from overlapcheck.model import SEVERITIES, Blame, CollectiveSignature, Finding, Fix, RankMetrics, RankResult
 from overlapcheck.trace.model import TraceModel
-
-LIMITS = frozenset(rule.id for rule in RULES if rule.limit)
 
 
 def diagnose_rank(
@@ -28,7 +26,8 @@ def diagnose_rank(
 ) -> tuple[list[Finding], CollectiveSignature | None]:
     """The findings on one rank's trace (severity against that rank's own step), and its collective signature
     for the cross-rank rules."""
-    return _diagnose(RankFacts(model, metrics, job))
+    findings, signature = _diagnose(RankFacts(model, metrics, job))
+    return _without_covers(findings), signature
 
 
 def diagnose_rank_located(
@@ -39,7 +38,12 @@ def diagnose_rank_located(
 
     facts = RankFacts(model, metrics, job)
     findings, signature = _diagnose(facts)
-    return findings, signature, blamed_events(facts, findings)
+    return _without_covers(findings), signature, blamed_events(facts, findings)
+
+
+def _without_covers(findings: list[Finding]) -> list[Finding]:
+    """The findings as they leave the rank: the windows they charge stay in the worker (facts/coverage.py)."""
+    return [dataclasses.replace(f, covers=None) for f in findings]
 
 
 def _diagnose(facts: RankFacts) -> tuple[list[Finding], CollectiveSignature | None]:
@@ -63,7 +67,7 @@ def _diagnose(facts: RankFacts) -> tuple[list[Finding], CollectiveSignature | No
             explained_us=round(cov.explained_us, 3),
             inherent_us=round(cov.inherent_us, 3),
         )
-    return [dataclasses.replace(_with_severity(f, step_us), covers=None) for f in found], signature
+    return [_with_severity(f, step_us) for f in found], signature
 
 
 def _apply_claims(findings: list[Finding]) -> list[Finding]:
@@ -106,8 +110,7 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
                 if rest is None:
                     continue
                 f = rest
-            key = tuple(repr(f.evidence.get(field)) for field in BY_ID[f.rule].distinct_by)
-            groups.setdefault((f.rule, key), []).append(f)
+            groups.setdefault(BY_ID[f.rule].merge_key(f), []).append(f)
     merged = [
         m
         for m in (_merge(group) for group in groups.values())
@@ -145,7 +148,7 @@ def _less_cross_explained(f: Finding, result: RankResult, across: dict[int, floa
     cost = round(max(0.0, f.cost_us - explained), 3)
     steps = result.metrics.steps
     step_us = (result.metrics.step_time_us or 0.0) / max(1, len(steps))
-    if cost <= 0 or cost < UNEXPLAINED_SHARE * step_us:
+    if cost <= 0 or cost < BY_ID[f.rule].min_share * step_us:
         return None
     evidence = {**f.evidence, "unexplained_us_per_step": cost, "explained_across_ranks_us_per_step": explained}
     return dataclasses.replace(f, cost_us=cost, evidence=evidence)
@@ -210,7 +213,7 @@ def _paced_by_straggler(findings: list[tuple[Finding, RankCosts]]) -> list[Findi
     """With a straggler, every collective waits for it, so the step runs at the straggler's pace: a per-rank
     cause costs the job what it costs on the straggler's rank. Elsewhere its measured cost includes the time
     that rank waits inside collectives for the straggler, which the straggler finding already counts."""
-    slow = next((f.ranks[0] for f, _ in findings if f.rule == "straggler" and f.ranks), None)
+    slow = next((f.ranks[0] for f, _ in findings if BY_ID[f.rule].paces and f.ranks), None)
     out = []
     for f, costs in findings:
         if slow is not None and slow in costs and len(costs) > 1:

@@ -41,7 +41,7 @@ CLASS_COLORS = {
 }
 CLASS_LABELS = {"compute": "compute", "memcpy": "memcpy", "memset": "memset", "cpu": "CPU"}
 EXPOSED_COLOR = "#e03e3e"
-HOST_COLORS = {"sync": "#c0392b", "wait": "#d68910", "late-launch": "#7d3c98"}
+HOST_COLORS = {"sync": "#c0392b", "wait": "#d68910", "late-launch": "#7d3c98", "exposed": "#b03a6f"}
 PHASE_COLORS = {"forward": "#d6e4f5", "backward": "#f5e3d0", "optimizer": "#dcefdc"}
 MAX_HOST_RANK = 5_000  # blamed host events per rank
 HIDDEN_COLOR = "#3aa675"

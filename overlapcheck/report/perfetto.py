@@ -28,11 +28,12 @@ MIN_EVENTS_RANK = 5_000
 STEPS_TID = 1_000_000_000
 EXPOSED_TID = 1_000_000_001
 FINDING_TID = 1_000_001_000  # + the finding's index
-HOST_TIDS = {"sync": 1_000_002_000, "wait": 1_000_002_001, "late-launch": 1_000_002_002}
+HOST_TIDS = {"sync": 1_000_002_000, "wait": 1_000_002_001, "late-launch": 1_000_002_002, "exposed": 1_000_002_003}
 HOST_LABELS = {
     "sync": "host: blamed syncs",
     "wait": "host: blamed stream waits",
     "late-launch": "host: late launches (compute idle)",
+    "exposed": "blamed exposed communication",
 }
 
 

@@ -7,8 +7,8 @@ outside the profiled steps are left out. It costs something only when the comput
 when the collective its thread issued next came late and compute stalled on it (facts/delays.py). A starvation
 window is a gap on the compute stream before an activity that started as soon as the host launched it. The
 calls that returned inside such a window delayed that launch; see `chain_costs` for how the window's idle time is
-shared among them. Each sync is owned by the first rule in OWNERS whose call
-stack matches (the sync rules in rules/syncs.py report them).
+shared among them. Each sync has the first origin of ORIGINS whose call
+stack matches; the sync rule that owns that origin (rules/syncs.py) reports it.
 """
 
 from __future__ import annotations
@@ -272,15 +272,33 @@ def _is_fetch_throttle(s: Sync) -> bool:
     return s.call == "cudaEventSynchronize" and ("fetch_sub_module" in s.funcs or "_fetch_sub_module_impl" in s.funcs)
 
 
-OWNERS: list[tuple[str, Callable[[Sync], bool]]] = [
-    ("comms-logger-sync", _is_comms_logger),
-    ("throughput-timer-sync", _is_throughput_timer),
-    ("offload-blocking-copy", _is_offload_copy),
-    ("reduce-event-throttle", _is_reduce_throttle),
-    ("fetch-throttle", _is_fetch_throttle),
-    ("epilogue-sync", _in("independent_gradient_partition_epilogue")),
-    ("host-sync", lambda s: True),
-]
+@dataclass(frozen=True)
+class Origin:
+    """Where a host sync comes from: the DeepSpeed (or other) code that issued it, told by its call stack. A sync
+    rule owns one origin (`Rule.owns`); facts group the syncs' costs by origin."""
+
+    name: str
+    match: Callable[[Sync], bool]
+    waited_for: bool = False  # the next compute needs the work it awaits anyway: only GPU-idle time is its
+
+
+COMMS_LOGGER = Origin("comms-logger", _is_comms_logger)
+THROUGHPUT_TIMER = Origin("throughput-timer", _is_throughput_timer)
+OFFLOAD_COPY = Origin("offload-copy", _is_offload_copy)
+REDUCE_THROTTLE = Origin("reduce-throttle", _is_reduce_throttle)
+FETCH_THROTTLE = Origin("fetch-throttle", _is_fetch_throttle)
+# the optimizer needs the reduced gradients the epilogue waits for
+EPILOGUE = Origin("epilogue", _in("independent_gradient_partition_epilogue"), waited_for=True)
+OTHER = Origin("other", lambda s: True)
+ORIGINS: tuple[Origin, ...] = (
+    COMMS_LOGGER,
+    THROUGHPUT_TIMER,
+    OFFLOAD_COPY,
+    REDUCE_THROTTLE,
+    FETCH_THROTTLE,
+    EPILOGUE,
+    OTHER,
+)
 
 
 @dataclass
@@ -343,9 +361,9 @@ def held_windows(view: RankFacts, windows: list[Window]) -> list[Window]:
 
 
 # syncs whose awaited work the next compute needs anyway: only GPU-idle time in their windows is theirs
-WAITED_FOR = ("epilogue-sync",)
+WAITED_FOR = tuple(o.name for o in ORIGINS if o.waited_for)
 
-Owner = tuple[str, str]  # (rule id, call site for generic host syncs else "")
+Owner = tuple[str, str]  # (origin name, call site for syncs of no known origin else "")
 
 
 def chain_costs(
@@ -463,8 +481,9 @@ def pinned_copy_tail(view: RankFacts) -> float:
     return float(sum(tails)) / view.n_steps
 
 
-def owner_of(s: Sync) -> str:
-    return next(rule for rule, match in OWNERS if match(s))
+def origin_of(s: Sync) -> str:
+    """The name of the first origin whose stack matches the sync (OTHER matches every sync)."""
+    return next(o.name for o in ORIGINS if o.match(s))
 
 
 def per_step_cost(
@@ -482,31 +501,6 @@ def per_step_cost(
         per_step += more * view.n_steps / (view.n_steps - 1)
         steps = sorted(set(steps) | set(more_steps))
     return per_step, steps
-
-
-@dataclass(frozen=True)
-class SyncCosts:
-    """Every candidate blocking call of a rank (`host_sync_list`), its owner, and what it cost: `cost` is the
-    share of the starvation windows it returned in (`chain_costs`) plus `stall_cost`, what its block delayed
-    after it returned: compute stalls on collectives its thread issued late and later starvation (facts/delays.py);
-    calls that waited for no GPU work cost nothing."""
-
-    syncs: list[Sync]
-    owners: list[Owner]
-    cost: np.ndarray
-    boundary: np.ndarray  # the step whose boundary window each call delayed, -1 inside a step
-    stall_cost: np.ndarray  # the part of `cost` from what the call delayed after it returned (facts/delays.py)
-    windows: list[list[tuple[float, float]]]  # per call: where the compute idle it is charged for lies
-
-    def owned_by(self, rule: str) -> list[tuple[Owner, np.ndarray]]:
-        """The owners of one rule with a call that waited for GPU work, in order of their first call, each with
-        the indices of all its calls (those that returned without waiting included, for the evidence)."""
-        out = []
-        for owner in dict.fromkeys(o for o in self.owners if o[0] == rule):
-            idx = np.array([i for i, o in enumerate(self.owners) if o == owner])
-            if any(self.syncs[i].waited for i in idx.tolist()):
-                out.append((owner, idx))
-        return out
 
 
 @dataclass(frozen=True)
@@ -528,9 +522,9 @@ def window_costs(view: RankFacts) -> WindowCosts:
 
 def _window_costs(view: RankFacts) -> WindowCosts:
     syncs = host_sync_list(view)
-    rules = [owner_of(s) for s in syncs]
+    origins = [origin_of(s) for s in syncs]
     owners = [
-        (r, f"{s.call} @ {s.site.get('frame')}" if r == "host-sync" else "") for s, r in zip(syncs, rules, strict=True)
+        (r, f"{s.call} @ {s.site.get('frame')}" if r == OTHER.name else "") for s, r in zip(syncs, origins, strict=True)
     ]
     live = [i for i, s in enumerate(syncs) if s.waited]
     cost = np.zeros(len(syncs))
@@ -540,30 +534,3 @@ def _window_costs(view: RankFacts) -> WindowCosts:
     for k, i in enumerate(live):
         cost[i], boundary[i], windows[i] = c[k], b[k], w[k]
     return WindowCosts(owners, cost, boundary, windows)
-
-
-def sync_costs(view: RankFacts) -> SyncCosts:
-    """The host syncs of the rank with their owners and costs (computed once per rank). Only the calls that
-    waited for GPU work are charged; each stall on a collective a call's block delayed is charged to that call,
-    once (facts/delays.py)."""
-    from overlapcheck.diagnose.facts.delays import host_delayed  # delays reads this module's facts
-
-    syncs = host_sync_list(view)
-    wc = window_costs(view)
-    windows = [list(w) for w in wc.windows]
-    stall_cost = np.zeros(len(syncs))
-    delays = host_delayed(view)
-    for n in np.flatnonzero(delays.sync >= 0).tolist():
-        i = int(delays.sync[n])
-        stall_cost[i] += delays.explained[n]
-        windows[i].append((float(delays.start[n]), float(delays.end[n])))
-    for i, part, a, b in zip(
-        delays.window_sync.tolist(),
-        delays.window_cost.tolist(),
-        delays.window_start.tolist(),
-        delays.window_end.tolist(),
-        strict=True,
-    ):
-        stall_cost[i] += part
-        windows[i].append((a, b))
-    return SyncCosts(syncs, wc.owners, wc.cost + stall_cost, wc.boundary, stall_cost, windows)

@@ -16,8 +16,8 @@ import numpy as np
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import launch_steps, launch_times, step_of
 from overlapcheck.diagnose.facts import concurrency as _concurrency
-from overlapcheck.diagnose.facts import hostsyncs as _hostsyncs
 from overlapcheck.diagnose.facts import stalls as _stalls
+from overlapcheck.diagnose.facts import synccosts as _synccosts
 from overlapcheck.diagnose.facts.callsite import CallSites
 from overlapcheck.job import JobContext
 from overlapcheck.model import RankMetrics
@@ -288,6 +288,6 @@ class RankFacts:
         return _concurrency.claimed_by_specific(self, self.stalls)
 
     @cached_property
-    def host_syncs(self) -> _hostsyncs.SyncCosts:
+    def host_syncs(self) -> _synccosts.SyncCosts:
         """Every host-blocking call, its owning rule and what it cost."""
-        return _hostsyncs.sync_costs(self)
+        return _synccosts.sync_costs(self)

@@ -16,6 +16,7 @@ from typing import Any
 
 from overlapcheck.analysis.bandwidth import INTER, job_bandwidth
 from overlapcheck.diagnose.finding import config_value, finding, make_fix
+from overlapcheck.diagnose.rule import Rule
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, RankResult
 
@@ -105,7 +106,7 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
     ranks = sorted(r.metrics.rank for r in results if r.metrics.rank is not None and r.metrics.collectives["all"].count)
     return [
         finding(
-            "bandwidth-bound",
+            BANDWIDTH_BOUND.id,
             "Communication is bandwidth-bound",
             why,
             bw.floor_us,
@@ -120,3 +121,9 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
 
 def _round(x: float | None) -> float | None:
     return round(x, 3) if x is not None else None
+
+
+# the floor no schedule could hide at the measured bandwidth (docs/rules.md)
+BANDWIDTH_BOUND = Rule(
+    "bandwidth-bound", cross=bandwidth_bound, explains=("cross-stream-wait", "allgather-transfer-bound")
+)

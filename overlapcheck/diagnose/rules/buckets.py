@@ -11,6 +11,8 @@ from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.sizing import AG, RS, parameter_count, reduce_bucket_size
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
+from overlapcheck.diagnose.locators import exposed_blames
+from overlapcheck.diagnose.rule import Rule
 from overlapcheck.model import Finding
 from overlapcheck.trace import classify as C
 
@@ -166,7 +168,7 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
     fix = make_fix(view.config, {"zero_optimization.reduce_bucket_size": target})
     return [
         finding(
-            "reduce-scatter-deferred",
+            DEFERRED.id,
             "Reduce-scatter runs after the last backward kernel",
             why,
             cost,
@@ -222,7 +224,7 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
     }
     return [
         finding(
-            "overlap-comm-disabled",
+            OVERLAP_COMM_DISABLED.id,
             "Gradient reduction runs on the compute stream (overlap_comm off)",
             "with overlap_comm false DeepSpeed uses the default stream for reduce_and_partition_stream, so "
             "every reduce-scatter and gradient copy serializes with backward compute",
@@ -268,7 +270,7 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
     }
     return [
         finding(
-            "tiny-collectives",
+            TINY_COLLECTIVES.id,
             f"{per_step:.0f} latency-bound collectives under 1 MiB per step",
             "each NCCL call pays a fixed launch and latency cost; fewer, larger calls move the same bytes faster",
             exposed,
@@ -279,3 +281,10 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
             covers=windows,
         )
     ]
+
+
+DEFERRED = Rule("reduce-scatter-deferred", reduce_scatter_deferred, explains=("epilogue-sync",), blame=exposed_blames)
+OVERLAP_COMM_DISABLED = Rule(
+    "overlap-comm-disabled", overlap_comm_disabled, explains=("epilogue-sync",), blame=exposed_blames
+)
+TINY_COLLECTIVES = Rule("tiny-collectives", tiny_collectives, severity_cap="warning", blame=exposed_blames)

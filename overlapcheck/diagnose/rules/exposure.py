@@ -1,7 +1,7 @@
 """Exposed communication that no rule explains: located by collective, phase and the call site that issued it.
 
 Precondition: after every other rule of the rank, the exposed communication that no finding covers and that
-is not inherent (facts/coverage.py) is at least MIN_STEP_SHARE of the step. It names where that time is, not
+is not inherent (facts/coverage.py) is at least `UNEXPLAINED.min_share` of the step. It names where that time is, not
 why: the cause is one no rule knows (or a rule's precondition did not hold), so it has no fix.
 """
 
@@ -17,10 +17,11 @@ from overlapcheck.analysis.activities import PHASES, phase_of, phase_windows
 from overlapcheck.diagnose.facts.coverage import Coverage
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import finding
+from overlapcheck.diagnose.locators import exposed_blames
+from overlapcheck.diagnose.rule import WARNING_SHARE, Rule
 from overlapcheck.model import Finding
 from overlapcheck.trace import classify as C
 
-MIN_STEP_SHARE = 0.03  # unexplained exposure below this share of the step is not reported
 TOP_LOCATIONS = 5
 OPTIMIZER_OP = "Optimizer.step#"
 
@@ -28,7 +29,7 @@ OPTIMIZER_OP = "Optimizer.step#"
 def unexplained_exposure(view: RankFacts, cov: Coverage) -> list[Finding]:
     """One finding for the rank's unexplained exposed communication, with its largest locations."""
     cost = cov.unexplained_us
-    if cost <= 0 or cost < MIN_STEP_SHARE * view.step_time_us:
+    if cost <= 0 or cost < UNEXPLAINED.min_share * view.step_time_us:
         return []
     locations = _locations(view, cov.unexplained)
     top = locations[0] if locations else {"collective": "communication", "phase": None, "call_site": None}
@@ -43,7 +44,7 @@ def unexplained_exposure(view: RankFacts, cov: Coverage) -> list[Finding]:
     }
     return [
         finding(
-            "unexplained-exposure",
+            UNEXPLAINED.id,
             f"Exposed {top['collective']}{where} that no rule explains",
             f"{cost / 1000:.2f} ms per step of communication{site} runs with no compute beside it, and no rule's "
             "precondition holds for it: it is not the first all-gather or last gradient bucket (those are "
@@ -106,3 +107,14 @@ def _phases(view: RankFacts, rows: np.ndarray) -> list[str | None]:
         else:
             out.append(PHASES[i])
     return out
+
+
+# after every per-rank rule, on the exposed communication their findings leave uncovered (facts/coverage.py);
+# below WARNING_SHARE of the step it is not reported
+UNEXPLAINED = Rule(
+    "unexplained-exposure",
+    residual=unexplained_exposure,
+    severity_cap="warning",
+    blame=exposed_blames,
+    min_share=WARNING_SHARE,
+)

@@ -23,13 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from overlapcheck.analysis.bandwidth import group_sizes, message_bytes
-from overlapcheck.diagnose.facts.hostgap import host_gap
-from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import finding
+from overlapcheck.diagnose.rule import Rule
 from overlapcheck.job import JobContext
 from overlapcheck.model import CollectiveSignature, Finding, RankMetrics, RankResult
-from overlapcheck.trace import classify as C
 
 LATEST_SHARE = 0.5  # the straggler arrives last at collectives that carry at least this share of a kind's spread
 MIN_SPREAD_US = 2.0  # collectives whose durations differ less than this across ranks say nothing
@@ -37,36 +34,6 @@ MIN_STEP_SHARE = 0.01  # a straggler costs at least this share of the step (and 
 OWN_WAIT_SHARE = 0.5  # the straggler itself waits at most half as long as the median other rank
 TWO_RANK_OWN_WAIT_SHARE = 0.25  # with two ranks, at most a quarter as long as the other
 HOST_SHARE = 0.5  # a late host: its longer lead-in accounts for at least this share of the others' waiting
-
-
-def collective_signature(view: RankFacts) -> CollectiveSignature | None:
-    """Per-rank data for the cross-rank rule: each collective's key, duration and exposed fraction, and the
-    host's lead-in to the steps with the frames that spend it."""
-    g = view.gpu
-    idx = np.flatnonzero(view.is_comm)
-    if not len(idx):
-        return None
-    idx = idx[np.argsort(g.start[idx], kind="stable")]
-    dur = g.end[idx] - g.start[idx]
-    exposed = np.where(dur > 0, view.idle(g.start[idx], g.end[idx]) / np.maximum(dur, 1e-9), 0.0)
-    counters: Counter[tuple[int, int]] = Counter()
-    keys = []
-    for pg, coll in zip(g.pg[idx].tolist(), g.coll[idx].tolist(), strict=True):
-        counters[(pg, coll)] += 1
-        keys.append(f"{view.names[pg] if pg >= 0 else ''}|{C.COLLECTIVES[coll]}|{counters[(pg, coll)]}")
-    gap = host_gap(view)
-    return CollectiveSignature(
-        keys=keys,
-        dur=np.round(dur, 3).tolist(),
-        exposed=np.round(exposed, 4).tolist(),
-        in_step=(view.gpu_step[idx] >= 0).tolist(),
-        steps=view.n_steps,
-        bytes=message_bytes(view.model)[idx].tolist(),
-        group=group_sizes(view.model)[idx].tolist(),
-        host_gap_us=gap.us_per_step,
-        host_gap_frames=[name for name, _ in gap.frames],
-        host_gap_frame_us=[us for _, us in gap.frames],
-    )
 
 
 @dataclass(frozen=True)
@@ -180,7 +147,7 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     suffix = {"gpu": " (slow on the GPU)", "host": " (late on the host)"}.get(late_on or "", "")
     return [
         finding(
-            "straggler",
+            STRAGGLER.id,
             f"Rank {rank}{f' ({host})' if host else ''} is a straggler{suffix}",
             _why(rank, telling, others_exposed, late_on, evidence),
             cost,
@@ -309,3 +276,7 @@ def _why(rank: int, telling: dict[str, dict[str, Any]], waited: float, late_on: 
         f"{text}. {known[0].upper() + known[1:] if known else ''}its trace does not show what makes it late (before "
         "its profiled steps, between its launches, or its links). Check that rank's host, GPU and network"
     )
+
+
+# the other ranks' waits inside collectives for the straggler stall their compute: those stalls are its
+STRAGGLER = Rule("straggler", cross=straggler, explains=("cross-stream-wait", "allgather-transfer-bound"), paces=True)

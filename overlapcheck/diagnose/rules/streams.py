@@ -16,6 +16,8 @@ from overlapcheck.diagnose.facts.concurrency import (
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.facts.waitsites import WAIT_CALL, WAIT_RECORD
 from overlapcheck.diagnose.finding import config_value, finding, make_fix
+from overlapcheck.diagnose.locators import exposed_blames
+from overlapcheck.diagnose.rule import Rule
 from overlapcheck.model import Finding
 
 
@@ -47,7 +49,7 @@ def same_communicator(view: RankFacts) -> list[Finding]:
     }
     return [
         finding(
-            "same-communicator",
+            SAME_COMMUNICATOR.id,
             f"All-gather and reduce-scatter share communicator {pg!r}",
             "NCCL runs one communicator's kernels one at a time, so all-gathers wait behind "
             "reduce-scatters; hpZ (zero_hpz_partition_size = GPUs per node) gathers on a separate "
@@ -120,7 +122,7 @@ def no_stream_concurrency(view: RankFacts) -> list[Finding]:
     charged = costs > 0
     return [
         finding(
-            "no-stream-concurrency",
+            NO_STREAM_CONCURRENCY.id,
             f"No two of the {n} GPU streams ever run at the same time",
             why,
             cost,
@@ -138,3 +140,9 @@ def _serializing_env(view: RankFacts) -> dict[str, str | None]:
     serialize streams, else CUDA_DEVICE_MAX_CONNECTIONS, the usual one (Megatron-style launch scripts set it)."""
     found: dict[str, str | None] = dict.fromkeys(serialization(view).env, None)
     return found or {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+
+
+SAME_COMMUNICATOR = Rule("same-communicator", same_communicator, explains=("epilogue-sync",), blame=exposed_blames)
+NO_STREAM_CONCURRENCY = Rule(
+    "no-stream-concurrency", no_stream_concurrency, explains=("epilogue-sync",), blame=exposed_blames
+)

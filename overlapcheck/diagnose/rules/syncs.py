@@ -8,39 +8,42 @@ from collections.abc import Callable
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.facts import hostsyncs as H
 from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import Sync, per_step_cost, pinned_copy_tail
 from overlapcheck.diagnose.facts.sizing import DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size
+from overlapcheck.diagnose.locators import sync_blames
+from overlapcheck.diagnose.rule import Rule
 from overlapcheck.model import Finding, Fix
 from overlapcheck.trace import classify as C
 
 
-def owned_by(rule: str) -> Callable[[RankFacts], list[Finding]]:
-    """The rule function of one sync rule: a finding per owner of that rule (per call site for host-sync) with
-    at least one call that waited for GPU work (facts/hostsyncs.py `awaited_work`)."""
+def _owned_by(rule: str, origin: H.Origin, text: TextOf) -> Callable[[RankFacts], list[Finding]]:
+    """The function of one sync rule: a finding per owner of its origin (per call site for syncs of no known
+    origin) with at least one call that waited for GPU work (facts/hostsyncs.py `awaited_work`)."""
 
     def find(view: RankFacts) -> list[Finding]:
         sc = view.host_syncs
         out = []
-        for _, idx in sc.owned_by(rule):
+        for _, idx in sc.owned_by(origin):
             times = np.array([sc.syncs[i].start for i in idx])
             stall = sc.stall_cost[idx]
             per_step, steps = per_step_cost(view, sc.cost[idx] - stall, sc.boundary[idx], times)
-            if rule == "offload-blocking-copy":
+            if origin is H.OFFLOAD_COPY:
                 per_step = max(0.0, per_step - pinned_copy_tail(view))
             stall_per_step, stall_steps = view.per_step(stall, times)
             per_step += stall_per_step
             steps = sorted(set(steps) | set(stall_steps))
-            out.append(_describe(view, rule, idx, per_step, steps))
+            out.append(_describe(view, rule, text, idx, per_step, steps))
         return out
 
     find.__name__ = find.__qualname__ = rule.replace("-", "_")
     return find
 
 
-def _describe(view: RankFacts, rule: str, idx: np.ndarray, cost: float, steps: list[int]) -> Finding:
+def _describe(view: RankFacts, rule: str, text_of: TextOf, idx: np.ndarray, cost: float, steps: list[int]) -> Finding:
     sc = view.host_syncs
     syncs = [sc.syncs[i] for i in idx.tolist()]
     waited = [s for s in syncs if s.waited]
@@ -71,7 +74,7 @@ def _describe(view: RankFacts, rule: str, idx: np.ndarray, cost: float, steps: l
         np.array([w[0] for i in idx.tolist() for w in sc.windows[i]], dtype=np.float64),
         np.array([w[1] for i in idx.tolist() for w in sc.windows[i]], dtype=np.float64),
     )
-    text = TEXT[rule](view, syncs)
+    text = text_of(view, syncs)
     return finding(rule, text[0], text[1], cost, [view.rank_id], steps, evidence, text[2], covers=covers)
 
 
@@ -114,6 +117,7 @@ def _delayed(view: RankFacts, idx: np.ndarray) -> dict[str, dict[str, float]]:
 # -- titles, reasons and fixes ------------------------------------------------------------------------------
 
 Text = tuple[str, str, Fix]
+TextOf = Callable[[RankFacts, list[Sync]], Text]
 
 
 def _comms_logger(view: RankFacts, syncs: list[Sync]) -> Text:
@@ -200,12 +204,32 @@ def _host_sync(view: RankFacts, syncs: list[Sync]) -> Text:
     return f"Host-blocking {call} in {site}", why, fix
 
 
-TEXT: dict[str, Callable[[RankFacts, list[Sync]], Text]] = {
-    "comms-logger-sync": _comms_logger,
-    "throughput-timer-sync": _throughput_timer,
-    "offload-blocking-copy": _offload_copy,
-    "reduce-event-throttle": _reduce_throttle,
-    "fetch-throttle": _fetch_throttle,
-    "epilogue-sync": _epilogue,
-    "host-sync": _host_sync,
-}
+def sync_rule(
+    rule: str,
+    origin: H.Origin,
+    text: TextOf,
+    *,
+    inherent: bool = False,
+    severity_cap: str | None = None,
+    distinct_by: tuple[str, ...] = (),
+) -> Rule:
+    """The rule that reports the host syncs of one origin, with its text and fix (`text`)."""
+    return Rule(
+        rule,
+        _owned_by(rule, origin, text),
+        owns=origin,
+        blame=sync_blames,
+        inherent=inherent,
+        severity_cap=severity_cap,
+        distinct_by=distinct_by,
+    )
+
+
+COMMS_LOGGER = sync_rule("comms-logger-sync", H.COMMS_LOGGER, _comms_logger)
+THROUGHPUT_TIMER = sync_rule("throughput-timer-sync", H.THROUGHPUT_TIMER, _throughput_timer)
+OFFLOAD_COPY = sync_rule("offload-blocking-copy", H.OFFLOAD_COPY, _offload_copy)
+REDUCE_THROTTLE = sync_rule("reduce-event-throttle", H.REDUCE_THROTTLE, _reduce_throttle, inherent=True)
+FETCH_THROTTLE = sync_rule("fetch-throttle", H.FETCH_THROTTLE, _fetch_throttle, inherent=True)
+# the last bucket is always exposed; reduce-scatter-deferred owns big ones
+EPILOGUE = sync_rule("epilogue-sync", H.EPILOGUE, _epilogue, severity_cap="info", inherent=True)
+HOST_SYNC = sync_rule("host-sync", H.OTHER, _host_sync, distinct_by=("calls", "call_site"))

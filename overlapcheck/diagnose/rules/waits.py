@@ -21,9 +21,11 @@ from overlapcheck.diagnose.facts.stalls import (
     rest,
 )
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.diagnose.facts.waitsites import calls_per_site, stall_waits
+from overlapcheck.diagnose.facts.waitsites import calls_per_site, stall_waits, stalls_at
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
-from overlapcheck.model import Finding, Fix
+from overlapcheck.diagnose.locators import Located, exposed_blames
+from overlapcheck.diagnose.rule import Rule
+from overlapcheck.model import Blame, Finding, Fix
 from overlapcheck.trace import classify as C
 
 MAX_PREFETCH_GROWTH = 8.0  # the most a computed stage3_prefetch_bucket_size multiplies the current one by
@@ -56,7 +58,7 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
     evidence = {"on_demand_fetches_per_step": round(float(per_step), 2), "prefetch_bucket_size": prefetch}
     return [
         finding(
-            "allgather-not-prefetched",
+            NOT_PREFETCHED.id,
             "Compute waits for all-gathers that were not prefetched",
             why,
             cost,
@@ -200,7 +202,7 @@ def allgather_transfer_bound(view: RankFacts) -> list[Finding]:
     }
     return [
         finding(
-            "allgather-transfer-bound",
+            TRANSFER_BOUND.id,
             "Prefetched all-gathers take longer than the compute they hide behind",
             "the all-gathers were issued early but ran back to back on their stream: at the measured bandwidth "
             "they need more time than the compute beside them, so compute waits for the transfer; a larger "
@@ -266,7 +268,7 @@ def _wait_finding(
                 "stage3_prefetch_bucket_size starts them earlier, zero_quantized_weights or hpZ make them smaller"
             )
     return finding(
-        "cross-stream-wait",
+        CROSS_STREAM_WAIT.id,
         title,
         why,
         cost,
@@ -331,3 +333,72 @@ def _stream_waits_per_step(view: RankFacts) -> float | None:
         return None
     waits = view.name_mask(s.name, lambda n: n == "Stream Wait Event") & (s.stream == view.compute_stream)
     return round(float(waits.sum()) / view.n_steps, 2)
+
+
+# -- where the findings happen (the timelines) ---------------------------------------------------------------
+
+
+def _stall_blames(
+    view: RankFacts, rule: Rule, f: Finding, sel: np.ndarray, costs: np.ndarray, name: str
+) -> list[Blame]:
+    st = view.stalls
+    steps = view.gpu_step[st.kernel]
+    key = rule.key(f)
+    out = []
+    for r in sel.tolist():
+        step = int(steps[r])
+        out.append(
+            Blame(
+                rule.id,
+                key,
+                "wait",
+                float(st.start[r]),
+                float(st.end[r]),
+                view.compute_stream,
+                f"compute stream waits for {name}",
+                step if step >= 0 else None,
+                float(costs[r]),
+            )
+        )
+    return out
+
+
+def cross_stream_blames(view: RankFacts, located: Located) -> list[Blame]:
+    """The compute-stream waits at each finding's call site for its collective, with their cost."""
+    st = view.stalls
+    if not len(st.kernel):
+        return []
+    g = view.gpu
+    kinds = np.where(st.comm >= 0, g.coll[np.maximum(st.comm, 0)], -1)
+    costs = wait_costs(view)
+    out: list[Blame] = []
+    for rule, f in located:
+        name = f.evidence.get("waited_for")
+        kind = C.COLLECTIVES.index(name) if name in C.COLLECTIVES else -1
+        at_site = stalls_at(view, f.evidence.get("call_site"))
+        sel = np.flatnonzero((kinds == kind) & at_site & (costs > 0))
+        out += _stall_blames(view, rule, f, sel, costs, str(name))
+    return out
+
+
+def not_prefetched_blames(view: RankFacts, located: Located) -> list[Blame]:
+    """The compute-stream waits for all-gathers a prefetch would have started earlier, with what it saves."""
+    if not len(view.stalls.kernel):
+        return []
+    mask, costs = not_prefetched_costs(view)
+    sel = np.flatnonzero(mask)
+    return [b for rule, f in located for b in _stall_blames(view, rule, f, sel, costs, "all_gather (not prefetched)")]
+
+
+NOT_PREFETCHED = Rule("allgather-not-prefetched", allgather_not_prefetched, blame=not_prefetched_blames)
+# the transfer itself outruns the compute beside it: no schedule fix; bandwidth-bound owns it when it dominates
+TRANSFER_BOUND = Rule(
+    "allgather-transfer-bound", allgather_transfer_bound, severity_cap="info", limit=True, blame=exposed_blames
+)
+CROSS_STREAM_WAIT = Rule(
+    "cross-stream-wait",
+    cross_stream_waits,
+    shares=(0.15, 0.05),
+    distinct_by=("waited_for", "call_site"),
+    blame=cross_stream_blames,
+)
