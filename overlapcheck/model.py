@@ -206,6 +206,9 @@ class RankMetrics:
     before_first_step: OutsideSteps | None = None  # None: the trace has no steps (or an older document)
     outside_steps: OutsideSteps | None = None
     bandwidth: dict[str, KindBandwidth] = field(default_factory=dict)  # per collective kind with a known size
+    # communication activities per source of their collective kind: "launching op" (the op that launched it:
+    # its Collective name, nccl:* / c10d::* / gloo:* op) or "kernel name" (the fallback; trace/launch.py)
+    kind_from: dict[str, int] = field(default_factory=dict)
 
     def overlap(self, kind: str = ALL) -> float | None:
         return self.collectives[kind].overlap if kind in self.collectives else None
@@ -401,6 +404,7 @@ class Report:
     collective_signatures: dict[str, CollectiveSignature] | None = field(default=None, metadata={"omit_none": True})
     timelines: dict[int, Timeline] = field(default_factory=dict, metadata={"json": False})
     bandwidth: JobBandwidth | None = field(default=None, metadata={"omit_none": True})
+    notes: list[str] | None = field(default=None, metadata={"omit_none": True})  # of the job, not of one rank
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (docs/report-schema.md); floats as computed (the JSON renderer rounds them)."""

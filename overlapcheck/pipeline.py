@@ -21,7 +21,7 @@ from typing import Any
 
 from overlapcheck import __version__
 from overlapcheck.analysis.bandwidth import job_bandwidth, with_bandwidth, with_topology
-from overlapcheck.analysis.crossrank import summarize
+from overlapcheck.analysis.crossrank import job_notes, summarize
 from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.analysis.select import restrict_to_steps
 from overlapcheck.analysis.timeline import timeline_of
@@ -365,6 +365,7 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
             r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
         },
         bandwidth=job_bandwidth(results, job),
+        notes=job_notes(ranks) or None,
     )
 
 

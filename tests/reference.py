@@ -182,27 +182,70 @@ _KIND_OF_TOKEN = {
 }
 
 
-def collective_kind(k: Kernel) -> str:
-    """A communication kernel's collective: its `Collective name` arg when present, else the kernel name token
-    (`ncclKernel_AllReduce_...`, `ncclDevKernel_SendRecv...`); `other` when neither names a known one."""
+def collective_kind(k: Kernel, launching_op: str | None = None) -> str:
+    """A communication kernel's collective: its `Collective name` arg when present, else the collective op that
+    launched it (`launching_op`, e.g. `nccl:all_reduce`), else the kernel name token (`ncclKernel_AllReduce_...`,
+    `ncclDevKernel_SendRecv...`); `other` when none names a known one."""
     token = str(k.args.get("Collective name") or "")
-    if not token:
+    kind = _KIND_OF_TOKEN.get(_bare(token), "other") if token else "other"
+    if kind == "other" and launching_op:
+        kind = _KIND_OF_TOKEN.get(_bare(launching_op.split(":")[-1]), "other")
+    if kind == "other":
         m = re.search(r"Kernel_([A-Za-z]+?)(?:_|\(|$)", k.name)
-        token = m.group(1) if m else ""
-    return _KIND_OF_TOKEN.get(token.lower().strip("_"), "other")
+        kind = _KIND_OF_TOKEN.get((m.group(1) if m else "").lower(), "other")
+    return kind
+
+
+def _bare(token: str) -> str:
+    """`_all_gather_base` / `allgather_base_` / `reduce_scatter_tensor_coalesced` -> `allgather` / ..."""
+    t = token.lower().strip("_")
+    for suffix in ("_coalesced", "_tensor", "_into", "_base", "_single"):
+        t = t.removesuffix(suffix).strip("_")
+    for suffix in ("_coalesced", "_tensor", "_into", "_base", "_single"):
+        t = t.removesuffix(suffix).strip("_")
+    return t.replace("_", "")
+
+
+def launching_ops(trace: Trace) -> dict[int, str]:
+    """Kernel correlation id -> the innermost `nccl:*` / `c10d::*` / `gloo:*` op around its launch (a runtime
+    call with the same correlation, on the same thread), by brute force."""
+    ops: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
+    launches = []
+    for e in trace.events:
+        if e.get("ph") != "X" or e.get("ts") is None:
+            continue
+        name = str(e.get("name", ""))
+        if e.get("cat") in ("cpu_op", "Operator", "user_annotation") and re.match(r"(nccl:|c10d::|gloo:)", name):
+            ops.setdefault((e.get("pid"), e.get("tid")), []).append((e["ts"], e["ts"] + (e.get("dur") or 0), name))
+        elif e.get("cat") in RUNTIME_CATS and isinstance((e.get("args") or {}).get("correlation"), int):
+            launches.append((e["args"]["correlation"], e.get("pid"), e.get("tid"), e["ts"]))
+    out = {}
+    for corr, pid, tid, ts in launches:
+        around = [op for op in ops.get((pid, tid), []) if op[0] <= ts <= op[1]]
+        if around:
+            out[corr] = max(around, key=lambda op: op[0])[2]
+    return out
+
+
+def _kinds(trace: Trace) -> list[tuple[Kernel, str]]:
+    ops = launching_ops(trace)
+    return [
+        (k, collective_kind(k, ops.get(k.args.get("correlation"))))  # type: ignore[arg-type]
+        for k in trace.kernels()
+        if ours_is_comm(k.name)
+    ]
 
 
 def collective_counts(trace: Trace) -> Counter[str]:
     """Communication kernels per collective kind."""
-    return Counter(collective_kind(k) for k in trace.kernels() if ours_is_comm(k.name))
+    return Counter(kind for _, kind in _kinds(trace))
 
 
 def collective_times(trace: Trace) -> dict[str, float]:
     """|∪ kernels| per collective kind."""
     by_kind: dict[str, list[Interval]] = {}
-    for k in trace.kernels():
-        if ours_is_comm(k.name):
-            by_kind.setdefault(collective_kind(k), []).append((k.start, k.end))
+    for k, kind in _kinds(trace):
+        by_kind.setdefault(kind, []).append((k.start, k.end))
     return {kind: union_length(ivs) for kind, ivs in by_kind.items()}
 
 

@@ -183,10 +183,11 @@ def test_per_step_communication_counts(row, path):
 
 
 def test_collective_kinds_of_each_set():
-    """dlrm: SendRecv + AllReduce (from kernel names); nccl_data: AllReduce + Broadcast (from `Collective name`)."""
+    """dlrm: SendRecv kernels launched inside `nccl:all_to_all` (the launching op names them) + AllReduce;
+    nccl_data: AllReduce + Broadcast (from `Collective name`)."""
     for path in R.files_of(TRACES, "dlrm-8rank-v100"):
         assert {k for k, v in ours(path).collectives.items() if v.count and k != "all"} == {
-            "send_recv",
+            "all_to_all",
             "all_reduce",
         }
     nccl_data = os.path.join(TRACES, "nccl-single-rank", "nccl_data.json.gz")

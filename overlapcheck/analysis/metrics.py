@@ -21,7 +21,8 @@ from overlapcheck.model import (
     StreamStats,
 )
 from overlapcheck.trace import classify as C
-from overlapcheck.trace.model import TraceModel
+from overlapcheck.trace.launch import FROM_OP, KIND_FROM, op_collective
+from overlapcheck.trace.model import RECORD_PARAM_COMMS, TraceModel
 from overlapcheck.trace.reader import rank_of
 
 
@@ -77,7 +78,7 @@ def analyze_model(model: TraceModel) -> RankMetrics:
     if not len(acts):
         notes.append("no GPU kernels and no gloo communication threads: nothing to measure, overlap is null")
     elif not is_comm.any():
-        notes.append("no communication kernels: overlap is null")
+        notes.append(issued_not_recorded(model) or "no communication kernels: overlap is null")
     if len(model.steps) == 0 and len(acts):
         notes.append("no ProfilerStep annotations: per-step numbers are not available")
     elif acts.lanes == "gpu" and len(acts) and acts.issued is not None and np.isnan(acts.issued).all():
@@ -107,7 +108,45 @@ def analyze_model(model: TraceModel) -> RankMetrics:
         notes=notes,
         before_first_step=before,
         outside_steps=outside,
+        kind_from=_kind_from(model, acts),
     )
+
+
+def issued_not_recorded(model: TraceModel) -> str | None:
+    """The note for a trace whose program issued collectives (`record_param_comms`, `nccl:*` / `c10d::*` ops) that
+    ran no communication kernel in it: the GPU side was not recorded. None when it issued none."""
+    names = model.names
+    ops, kinds = np.unique(model.ops.name, return_counts=True)
+    records = sum(int(n) for op, n in zip(ops.tolist(), kinds.tolist(), strict=True) if names[op] == RECORD_PARAM_COMMS)
+    by_kind: dict[str, int] = {}
+    for prefix in ("nccl:", "c10d::"):  # one family: a c10d op and its nccl op are one collective
+        for op, n in zip(ops.tolist(), kinds.tolist(), strict=True):
+            kind = op_collective(names[op]) if names[op].startswith(prefix) else None
+            if kind is not None:
+                by_kind[kind] = by_kind.get(kind, 0) + int(n)
+        if by_kind:
+            break
+    issued = max(records, sum(by_kind.values()))
+    if not issued:
+        return None
+    which = ", ".join(f"{kind} {n}" for kind, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    return (
+        f"{issued} collectives were issued ({which or 'record_param_comms'}) but none of their communication kernels "
+        "is in the trace, so overlap is null: profile the GPU too (torch.profiler activities=[ProfilerActivity.CPU, "
+        "ProfilerActivity.CUDA] on every rank, as `overlapcheck run` does)"
+    )
+
+
+def _kind_from(model: TraceModel, acts: Activities) -> dict[str, int]:
+    """How many communication activities got their collective kind from each source (trace/launch.py): on GPU
+    lanes the kernels' `kind_from`; on gloo lanes every collective is an op (`gloo:*`, record_param_comms)."""
+    comm = acts.cls == C.COMM
+    if not comm.any():
+        return {}
+    if acts.lanes != "gpu":
+        return {KIND_FROM[FROM_OP]: int(comm.sum())}
+    counts = np.bincount(model.gpu.kind_from[model.gpu.cls == C.COMM], minlength=len(KIND_FROM))
+    return {KIND_FROM[i]: int(n) for i, n in enumerate(counts.tolist()) if n}
 
 
 def step_periods(model: TraceModel, own: list[Activities]) -> list[tuple[float, float]]:

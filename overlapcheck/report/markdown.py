@@ -72,6 +72,8 @@ class MarkdownRenderer:
             lines.append("")
         for err in report.errors:
             lines.append(f"- error: {cell(err.error)}")
+        if notes := P.notes(report, limit=20):
+            lines += ["", "Notes:", "", *(f"- {cell(note)}" for note in notes)]
         return "\n".join(lines).rstrip("\n") + "\n"
 
 

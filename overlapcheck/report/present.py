@@ -294,8 +294,14 @@ def kind_cells(row: KindRow) -> dict[str, str]:
 
 def kind_caption(report: Report) -> str:
     """What 'per step' and the columns of the per-collective table mean."""
+    counts = sorted({len(r.steps) for r in report.ranks})
     steps = sorted(len(r.steps) for r in report.ranks)[len(report.ranks) // 2] if report.ranks else 0
-    over = f"the mean over a rank's {steps} profiled steps" if steps else "each rank's whole trace (no steps)"
+    if len(counts) > 1:
+        over = f"the mean over each rank's own profiled steps ({counts[0]} to {counts[-1]}: the capture is uneven)"
+    elif steps:
+        over = f"the mean over a rank's {steps} profiled steps"
+    else:
+        over = "each rank's whole trace (no steps)"
     return f"per step: {over}; each column: the median rank, except worst"
 
 
@@ -374,6 +380,20 @@ def capture_notes(report: Report) -> list[str]:
     of the window (the job ended inside it), ranks without a trace, and why."""
     run = report.run or {}
     return [str(n) for n in run.get("notes") or [] if isinstance(n, str)]
+
+
+def notes(report: Report, limit: int = 200) -> list[str]:
+    """The job's notes, then each distinct rank note once (`rank 3: ...`, or `ranks 0-7: ...` when several ranks
+    have it), at most `limit`: what was assumed, what was not recorded, why a number is null."""
+    by_note: dict[str, list[int]] = {}
+    for r in report.ranks:
+        for note in r.notes:
+            by_note.setdefault(note, []).append(r.rank if r.rank is not None else -1)
+    out = list(report.notes or [])
+    for note, ranks in by_note.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(sorted(set(ranks)))}"
+        out.append(f"{who}: {note}")
+    return out[:limit]
 
 
 def stragglers(report: Report) -> list[Finding]:

@@ -20,6 +20,7 @@ import numpy as np
 
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.events import Event
+from overlapcheck.trace.launch import kinds_from_launch
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_IN_TID = re.compile(r"(\d+)")
@@ -40,6 +41,9 @@ class Table:
 
     def take(self, index: np.ndarray) -> Table:
         return Table({c: getattr(self, c)[index] for c in self._columns})
+
+    def with_column(self, name: str, values: np.ndarray) -> Table:
+        return Table({**{c: getattr(self, c) for c in self._columns}, name: values})
 
     if TYPE_CHECKING:
 
@@ -97,7 +101,8 @@ class TraceModel:
     source: str
     metadata: dict[str, Any]
     names: list[str]
-    gpu: Table  # kernels, memcpy, memset (see GPU_COLUMNS); cls from classify, coll index into COLLECTIVES
+    gpu: Table  # kernels, memcpy, memset (GPU_COLUMNS and `kind_from`, trace/launch.py); cls from classify,
+    # coll index into COLLECTIVES, named by the launching op
     runtime: Table  # cuda_runtime / cuda_driver calls (launches, syncs, event records)
     ops: Table  # cpu_op, user_annotation, python_function
     syncs: Table  # cuda_sync events (Stream Wait Event, Event Sync, Stream Sync, Context Sync)
@@ -466,6 +471,8 @@ class ModelBuilder:
         notes = self._notes()
         if self.comms and len(tables["gpu"]):
             self._sizes_from_comms(tables["gpu"], tables["runtime"])
+        kind_from = kinds_from_launch(self.names, tables["gpu"], tables["runtime"], tables["ops"])
+        tables["gpu"] = tables["gpu"].with_column("kind_from", kind_from)
         steps_table = Table(
             {
                 "number": np.array([s[0] for s in steps], dtype=np.int64),
