@@ -127,6 +127,27 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
     return findings, _explained(results, across)
 
 
+def inapplicable(ranks: Sequence[RankMetrics]) -> list[str]:
+    """Which rules could not apply to these ranks and why, as a note: every rule reads what a GPU trace has
+    (`Rule.needs`), so a rank measured on CPU lanes (a gloo run) gets no finding, whatever its exposure."""
+    cpu = [r for r in ranks if r.lanes == "cpu" and r.collectives["all"].count]
+    if not cpu:
+        return []
+    exposed = statistics.median(r.exposed_per_step() for r in cpu) / 1000
+    by_need: dict[str, list[str]] = {}
+    for rule in RULES:
+        by_need.setdefault(rule.needs, []).append(rule.id)
+    why = "; ".join(
+        f"{'all ' + str(len(ids)) + ' rules' if len(ids) == len(RULES) else ', '.join(ids)} read {need}"
+        for need, ids in by_need.items()
+    )
+    return [
+        f"{len(cpu)} rank(s) were measured on CPU (gloo) lanes, where no rule applies ({why}, which a CPU-only trace "
+        f"does not have): their {exposed:.2f} ms/step (median) of exposed gloo communication is not diagnosed; "
+        "the per-collective table says which collectives and phases it is in"
+    ]
+
+
 def _cross_covers(crossed: list[Finding]) -> dict[int, float]:
     """Per rank: the exposed communication per step the cross-rank findings explain there (their `covers`: rank
     -> µs per step, e.g. the time a rank waits inside collectives for a straggler)."""

@@ -60,6 +60,8 @@ class Rule:
     blame: Locator | None = None
     paces: bool = False
     min_share: float = 0.0
+    needs: str = "GPU streams, kernels and CUDA runtime calls"  # what of a trace the rule reads: no rule applies
+    # to CPU-only (gloo) lanes yet
 
     def key(self, finding: Finding) -> str:
         """A finding's identity: its rule and the evidence fields that tell its findings apart (the fields

@@ -56,7 +56,7 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     beyond the median rank when that is what makes it late (its GPU is slow), else the median over the other
     ranks of the exposed time per step they wait for it (its host is late, or the cause is not in its trace)."""
     sigs = {r.metrics.rank: r.signature for r in results if r.signature is not None and r.metrics.rank is not None}
-    if len(sigs) < 2:
+    if len(sigs) < 2 or _partial(results):
         return []
     ranks = sorted(sigs)
     kinds = _matched(sigs, ranks)
@@ -157,6 +157,13 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
             covers=covers,
         )
     ]
+
+
+def _partial(results: Sequence[RankResult]) -> bool:
+    """Only some ranks of the world are here (a sub-sample, or ranks whose capture failed): a rank that waits may
+    wait for one that is not, so none of those here can be named the one the others wait for."""
+    worlds = {r.metrics.world_size for r in results if r.metrics.world_size}
+    return bool(worlds) and len({r.metrics.rank for r in results}) < max(w for w in worlds if w is not None)
 
 
 def _matched(sigs: dict[int, CollectiveSignature], ranks: list[int]) -> dict[str, _Kind]:
