@@ -307,6 +307,11 @@ class CollectiveSignature:
     exposed_us: float | None = None
     explained_us: float | None = None
     inherent_us: float | None = None
+    # per collective, the exposed µs of it counted inherent on this rank (a step's first all-gather or last bucket
+    # at the rank's best rate, no finding covering it), and of those kernels the exposed µs read as all transfer
+    # (facts/coverage.py); [] in old summaries
+    inherent_parts_us: list[float] = field(default_factory=list)
+    tail_us: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

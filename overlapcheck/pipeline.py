@@ -25,7 +25,7 @@ from overlapcheck.analysis.crossrank import job_notes, summarize
 from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.analysis.select import restrict_to_steps
 from overlapcheck.analysis.timeline import timeline_of
-from overlapcheck.diagnose import diagnose_rank, diagnose_rank_located, inapplicable, merge_findings
+from overlapcheck.diagnose import accounting_notes, diagnose_rank, diagnose_rank_located, merge_findings
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
 from overlapcheck.fsutil import file_size, read_json_file
@@ -365,7 +365,7 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
             r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
         },
         bandwidth=job_bandwidth(results, job),
-        notes=[*job_notes(ranks), *(inapplicable(ranks) if options.diagnose else [])] or None,
+        notes=[*job_notes(ranks), *(accounting_notes(results) if options.diagnose else [])] or None,
     )
 
 

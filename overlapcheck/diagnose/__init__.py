@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 
 from overlapcheck.diagnose.facts.coverage import coverage
-from overlapcheck.diagnose.facts.signature import collective_signature
+from overlapcheck.diagnose.facts.signature import collective_signature, per_collective
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, LIMITS, RULES
 from overlapcheck.diagnose.rule import Rule
@@ -66,6 +66,8 @@ def _diagnose(facts: RankFacts) -> tuple[list[Finding], CollectiveSignature | No
             exposed_us=round(cov.exposed_us, 3),
             explained_us=round(cov.explained_us, 3),
             inherent_us=round(cov.inherent_us, 3),
+            inherent_parts_us=per_collective(facts, cov.inherent),
+            tail_us=per_collective(facts, cov.tails),
         )
     return [_with_severity(f, step_us) for f in found], signature
 
@@ -100,8 +102,10 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
     """Merge per-rank findings across ranks, add cross-rank findings, rank them by cost.
 
     `results` in rank order. Returns the findings and the share of exposed communication they explain."""
-    crossed = [f for rule in RULES if rule.cross is not None for f in rule.cross(results, job)]
-    across = _cross_covers(crossed)
+    crossed = _claimed_among(
+        [f for rule in RULES if rule.cross is not None for f in rule.cross(results, job)], _step_us(results)
+    )
+    across = _cross_covers([f for f in crossed if not BY_ID[f.rule].from_inherent])
     groups: dict[tuple[str, tuple[object, ...]], list[Finding]] = {}
     for r in results:
         for f in r.findings:
@@ -124,7 +128,64 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
     step_us = _mean([r.step_time_us / max(1, len(r.steps)) for r in ranks if r.step_time_us])
     findings = [_with_severity(f, step_us) for f in findings]
     findings.sort(key=lambda f: (BY_ID[f.rule].limit, -f.cost_us, f.rule))
-    return findings, _explained(results, across)
+    return findings, _explained(results, _cross_covers(crossed))
+
+
+def _step_us(results: Sequence[RankResult]) -> float:
+    ranks = [r.metrics for r in results]
+    return _mean([r.step_time_us / max(1, len(r.steps)) for r in ranks if r.step_time_us])
+
+
+def _claimed_among(crossed: list[Finding], step_us: float) -> list[Finding]:
+    """Cross-rank findings less what another cross-rank finding explains on the same ranks (`explains`: a
+    straggler explains the others' waiting for peers), rank by rank; one left under its rule's `min_share` of
+    the step is dropped."""
+    out = []
+    for f in crossed:
+        covers = {int(r): float(us) for r, us in f.covers.items()} if isinstance(f.covers, dict) else {}
+        claimants = [c for c in crossed if f.rule in BY_ID[c.rule].explains and isinstance(c.covers, dict)]
+        for claimant in claimants:
+            for rank, us in claimant.covers.items():
+                if int(rank) in covers:
+                    covers[int(rank)] = max(0.0, covers[int(rank)] - float(us))
+        if not claimants or not covers:
+            out.append(f)
+            continue
+        left = [us for us in covers.values() if us > 0]
+        cost = round(statistics.fmean(left), 3) if left else 0.0
+        if cost <= 0 or cost < BY_ID[f.rule].min_share * step_us:
+            continue
+        evidence = {**f.evidence, "explained_by": claimants[0].rule}
+        out.append(dataclasses.replace(f, cost_us=cost, covers=covers, evidence=evidence))
+    return out
+
+
+def accounting_notes(results: Sequence[RankResult]) -> list[str]:
+    """What the accounting could not decide, as notes: ranks no rule applies to (`inapplicable`), and with only
+    some ranks of the world here, the first gathers' and last buckets' time that is transfer or waiting for peers
+    these traces cannot tell apart (`readings`)."""
+    return [*inapplicable([r.metrics for r in results]), *readings(results)]
+
+
+def readings(results: Sequence[RankResult]) -> list[str]:
+    """With some ranks of the world missing, a collective's shortest kernel here may still include waiting for an
+    absent peer: the time of each step's first all-gather and last bucket reads two ways, both given."""
+    worlds = [r.metrics.world_size for r in results if r.metrics.world_size]
+    present = {r.metrics.rank for r in results}
+    sigs = [r.signature for r in results if r.signature is not None and r.signature.tail_us]
+    if not worlds or not sigs or len(present) >= max(w for w in worlds if w is not None):
+        return []
+    world = max(w for w in worlds if w is not None)
+    tail = statistics.median(sum(s.tail_us) / max(1, s.steps) for s in sigs) / 1000
+    best = statistics.median(sum(s.inherent_parts_us) / max(1, s.steps) for s in sigs) / 1000
+    who = f"one rank of {world}" if len(present) == 1 else f"{len(present)} ranks of {world}"
+    return [
+        f"{who}: a collective's duration includes waiting for peers that are not in these traces, which they cannot "
+        f"tell from a slow link. Of each step's first all-gather and last gradient bucket ({tail:.2f} ms/step, "
+        f"median rank): read as a slow link, all of it is transfer and inherent; read as waiting for peers, only "
+        f"{best:.2f} ms/step is (the fastest kernel of the same size here), and {tail - best:.2f} ms/step is "
+        "counted unexplained. Analyze every rank's trace to tell them apart"
+    ]
 
 
 def inapplicable(ranks: Sequence[RankMetrics]) -> list[str]:

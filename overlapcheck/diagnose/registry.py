@@ -26,9 +26,11 @@ RULES: tuple[Rule, ...] = (
     streams.NO_STREAM_CONCURRENCY,
     waits.NOT_PREFETCHED,
     waits.TRANSFER_BOUND,
+    buckets.REDUCE_TRANSFER_BOUND,
     waits.CROSS_STREAM_WAIT,
     stragglers.STRAGGLER,
     bandwidth.BANDWIDTH_BOUND,
+    exposure.PEER_WAIT,
     exposure.UNEXPLAINED,
 )
 

@@ -43,7 +43,9 @@ class Rule:
       for a cross-rank rule, whose findings name ranks, not events;
     - `paces`: a cross-rank finding of this rule names the rank that sets the job's pace (its first rank): a
       per-rank cause costs the job what it costs there;
-    - `min_share`: a residual rule's findings are reported only from this share of the step.
+    - `min_share`: a residual (or peer-wait) rule's findings are reported only from this share of the step;
+    - `from_inherent`: a cross-rank rule whose findings explain time each rank had counted inherent, not
+      unexplained: their `covers` are not taken from the ranks' unexplained exposure.
     """
 
     id: str
@@ -60,6 +62,7 @@ class Rule:
     blame: Locator | None = None
     paces: bool = False
     min_share: float = 0.0
+    from_inherent: bool = False  # a cross-rank rule whose `covers` each rank had counted inherent, not unexplained
     needs: str = "GPU streams, kernels and CUDA runtime calls"  # what of a trace the rule reads: no rule applies
     # to CPU-only (gloo) lanes yet
 

@@ -2,10 +2,12 @@
 
 All sets are windows of the rank's own trace time. `E`, the exposed communication, is the union of the
 communication kernels a profiled step issued minus `P` (the union of compute kernels), as in docs/metrics.md.
-Part of it every ZeRO-3 (and DDP) schedule has, whatever the config: the wait for each step's first all-gather
-(nothing ran before it to hide behind) and the last gradient bucket's reduction after the last backward kernel.
-A finding explains the part of E its windows cover (`Finding.covers`, counted once where findings overlap); of
-the rest, the inherent part is no one's fault, and what is left is unexplained.
+Part of it every ZeRO-3 (and DDP) schedule has, whatever the config: the transfer of each step's first
+all-gather (nothing ran before it to hide behind) and of the last gradient bucket's reduction after the last
+backward kernel, each at the best rate measured for that collective (`transfer_us`). Only the transfer is
+inherent: the rest of those kernels is waiting for peers or a transfer slower than the job reaches elsewhere,
+and is someone's. A finding explains the part of E its windows cover (`Finding.covers`, counted once where
+findings overlap); of the rest, the inherent part is no one's fault, and what is left is unexplained.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, phase_of, phase_windows
+from overlapcheck.analysis.bandwidth import group_sizes, message_bytes
 from overlapcheck.diagnose.facts.sizing import RS
 from overlapcheck.model import Finding
 from overlapcheck.trace import classify as C
@@ -36,6 +39,8 @@ class Coverage:
     inherent_us: float
     explained_us: float  # covered by at least one finding
     unexplained: iv.Intervals
+    inherent: iv.Intervals = iv.EMPTY  # the first gathers' and last buckets' transfer no finding covers
+    tails: iv.Intervals = iv.EMPTY  # those kernels whole (read as all transfer), where no finding covers them
 
     @property
     def unexplained_us(self) -> float:
@@ -49,30 +54,92 @@ def exposed_windows(view: RankFacts) -> iv.Intervals:
     return iv.subtract(iv.union(g.start[sel], g.end[sel]), view.compute)
 
 
-def inherent_windows(view: RankFacts) -> iv.Intervals:
-    """The exposed communication no schedule hides: the part of each step's first all-gather that compute waits
-    for in any configuration (RankFacts.first_gather_waits), and per step the gradient reductions once backward
-    compute has ended (the last bucket, flushed by the epilogue, and the reductions still queued on the stream
-    then): the step's reduce-scatters (its all-reduces when it has none, as in DDP) after the end of the last
-    compute-stream kernel its backward pass issued; without backward ops in the trace, the last-ending one when
-    no compute of the step starts after it."""
+def transfer_us(view: RankFacts) -> np.ndarray:
+    """Per GPU row, the least time its collective's transfer takes at the best rate this rank measured: the
+    shortest duration among the rank's communication kernels of the same kind, message size and group size (a
+    kernel's duration includes its wait for peers; the fastest of equal transfers has the least of it). A kernel
+    of unknown size is its own best. Computed once per rank."""
+    return view.memo("transfer_us", _transfer_us)
+
+
+def _transfer_us(view: RankFacts) -> np.ndarray:
     g = view.gpu
-    inherent = view.first_gather_waits
+    dur = g.end - g.start
+    out = dur.copy()
+    comm = np.flatnonzero(view.is_comm)
+    sizes = message_bytes(view.model)
+    groups = group_sizes(view.model)
+    known = comm[sizes[comm] > 0]
+    best: dict[tuple[int, int, int], float] = {}
+    for r, kind, size, group in zip(
+        known.tolist(), g.coll[known].tolist(), sizes[known].tolist(), groups[known].tolist(), strict=True
+    ):
+        key = (kind, size, group)
+        best[key] = min(best.get(key, np.inf), float(dur[r]))
+    for r, kind, size, group in zip(
+        known.tolist(), g.coll[known].tolist(), sizes[known].tolist(), groups[known].tolist(), strict=True
+    ):
+        out[r] = best[(kind, size, group)]
+    return out
+
+
+@dataclass(frozen=True)
+class GradientTail:
+    """One step's gradient reductions that ran once its backward compute had ended: `rows` (GPU rows of the
+    step's reduce-scatters, or all-reduces when it has none, ending after `after`), the last-ending one `last`
+    (the last bucket), and `after`, the end of the step's last backward compute-stream kernel (the last
+    reduction's start when the trace has no backward ops)."""
+
+    step: int
+    rows: np.ndarray
+    last: int
+    after: float
+
+
+def gradient_tails(view: RankFacts) -> list[GradientTail]:
+    """Per step, the gradient reductions after backward compute (computed once per rank)."""
+    return view.memo("gradient_tails", _gradient_tails)
+
+
+def _gradient_tails(view: RankFacts) -> list[GradientTail]:
+    g = view.gpu
     phase = phase_of(view.model, view.launch, phase_windows(view.model))
     # on the compute stream: the bucket's own kernels (scaling, copies) run on the reduction stream
     backward = np.flatnonzero(view.is_compute & (g.stream == view.compute_stream) & (phase == PHASES.index("backward")))
     backward_end = {step: float(g.end[rows].max()) for step, rows in view.group_by_step(backward).items()}
+    out = []
     for kind in (RS, AR):
         grads = np.flatnonzero(view.is_comm & (g.coll == kind) & (view.gpu_step >= 0))
         for step, rows in view.group_by_step(grads).items():
             if kind == AR and ((g.coll[view.step_rows[step]] == RS) & view.is_comm[view.step_rows[step]]).any():
                 continue  # ZeRO's all-reduces (gradient norm, overflow check) are not gradient buckets
-            last = rows[np.argmax(g.end[rows])]
+            last = int(rows[np.argmax(g.end[rows])])
             if step not in backward_end and _compute_after(view, step, float(g.end[last])):
                 continue  # no backward ops to tell, and compute of the step follows it: not the step's tail
-            lo = backward_end.get(step, float(g.start[last]))
-            tail = iv.clip(iv.union(g.start[rows], g.end[rows]), lo, float(g.end[last]))
-            inherent = iv.combine(inherent, tail)
+            after = backward_end.get(step, float(g.start[last]))
+            out.append(GradientTail(step, rows[g.end[rows] > after], last, after))
+    return out
+
+
+def inherent_windows(view: RankFacts, transfer: np.ndarray | None = None) -> iv.Intervals:
+    """The exposed communication no change removes: per step, the transfer at the best rate (`transfer_us`) of
+    the first all-gather that compute waits for in any configuration (the end of the wait in
+    RankFacts.first_gather_waits), and of the last gradient reduction once backward compute has ended (the last
+    bucket, flushed by the epilogue): the step's last-ending reduce-scatter (all-reduce when it has none, as in
+    DDP), after the end of the last compute-stream kernel its backward pass issued; without backward ops in the
+    trace, when no compute of the step starts after it. Reductions still queued behind it, and the part of a
+    kernel beyond its transfer (waiting for peers, a slow link), are not inherent. With `transfer` = each kernel's
+    duration: the whole of those kernels, as if they were all transfer (a slow link, not late peers)."""
+    g = view.gpu
+    transfer = transfer_us(view) if transfer is None else transfer
+    first = view.step_first_gathers
+    inherent = iv.union(np.maximum(view.first_gather_wait_starts, g.end[first] - transfer[first]), g.end[first])
+    for tail in gradient_tails(view):
+        last = tail.last
+        lo = max(tail.after, float(g.end[last] - transfer[last]))
+        inherent = iv.combine(
+            inherent, iv.clip(iv.union(g.start[last : last + 1], g.end[last : last + 1]), lo, g.end[last])
+        )
     return iv.subtract(inherent, view.compute)
 
 
@@ -97,11 +164,15 @@ def coverage(view: RankFacts, findings: Sequence[Finding], limits: Collection[st
                 covered = iv.combine(covered, f.covers)
     explained = iv.intersect(exposed, covered)
     rest = iv.subtract(exposed, covered)
-    inherent = iv.intersect(rest, iv.combine(inherent_windows(view), limited))
+    transfer = iv.intersect(rest, inherent_windows(view))
+    inherent = iv.intersect(rest, iv.combine(transfer, limited))
+    whole = view.gpu.end - view.gpu.start
     n = view.n_steps
     return Coverage(
         exposed_us=iv.length(exposed) / n,
         inherent_us=iv.length(inherent) / n,
         explained_us=iv.length(explained) / n,
         unexplained=iv.subtract(rest, inherent),
+        inherent=transfer,
+        tails=iv.intersect(rest, inherent_windows(view, whole)),
     )

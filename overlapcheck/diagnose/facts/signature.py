@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.bandwidth import group_sizes, message_bytes
 from overlapcheck.diagnose.facts.hostgap import host_gap
 from overlapcheck.model import CollectiveSignature
@@ -17,14 +18,28 @@ if TYPE_CHECKING:
     from overlapcheck.diagnose.facts.view import RankFacts
 
 
+def signature_rows(view: RankFacts) -> np.ndarray:
+    """The GPU rows of the rank's collectives, in the signature's order (by start)."""
+    g = view.gpu
+    idx = np.flatnonzero(view.is_comm)
+    return idx[np.argsort(g.start[idx], kind="stable")]
+
+
+def per_collective(view: RankFacts, windows: iv.Intervals) -> list[float]:
+    """Per collective of the signature, the µs of `windows` inside its kernel (rounded like the durations)."""
+    idx = signature_rows(view)
+    g = view.gpu
+    part = view.covered(g.end[idx], windows) - view.covered(g.start[idx], windows)
+    return np.round(part, 3).tolist()
+
+
 def collective_signature(view: RankFacts) -> CollectiveSignature | None:
     """Per-rank data for the cross-rank rule: each collective's key, duration and exposed fraction, and the
     host's lead-in to the steps with the frames that spend it."""
     g = view.gpu
-    idx = np.flatnonzero(view.is_comm)
+    idx = signature_rows(view)
     if not len(idx):
         return None
-    idx = idx[np.argsort(g.start[idx], kind="stable")]
     dur = g.end[idx] - g.start[idx]
     exposed = np.where(dur > 0, view.idle(g.start[idx], g.end[idx]) / np.maximum(dur, 1e-9), 0.0)
     counters: Counter[tuple[int, int]] = Counter()

@@ -185,10 +185,16 @@ class RankFacts:
         """The part of each step's first all-gather that compute waits for in any configuration: all of an
         inherent one; of one issued while compute work was queued, what that work could not have hidden (the
         end of the gather beyond the queued time)."""
+        return iv.union(self.first_gather_wait_starts, self.gpu.end[self.step_first_gathers])
+
+    @cached_property
+    def first_gather_wait_starts(self) -> np.ndarray:
+        """Where the wait of each step's first all-gather (`step_first_gathers`) begins: its start, or the end
+        of the compute queued when it was issued, whichever is later (at most its end)."""
         first = self.step_first_gathers
         g = self.gpu
         hidden = np.clip(self._queued_at_launch(first), 0.0, None)
-        return iv.union(np.minimum(g.start[first] + hidden, g.end[first]), g.end[first])
+        return np.minimum(g.start[first] + hidden, g.end[first])
 
     @cached_property
     def compute_stream_busy(self) -> iv.Intervals:

@@ -125,5 +125,7 @@ def _round(x: float | None) -> float | None:
 
 # the floor no schedule could hide at the measured bandwidth (docs/rules.md)
 BANDWIDTH_BOUND = Rule(
-    "bandwidth-bound", cross=bandwidth_bound, explains=("cross-stream-wait", "allgather-transfer-bound")
+    "bandwidth-bound",
+    cross=bandwidth_bound,
+    explains=("cross-stream-wait", "allgather-transfer-bound", "reduce-transfer-bound"),
 )

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.facts.coverage import gradient_tails, transfer_us
+from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, RS, parameter_count, reduce_bucket_size
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
@@ -283,8 +285,55 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
     ]
 
 
+def reduce_transfer_bound(view: RankFacts) -> list[Finding]:
+    """Gradient reductions still queued when backward compute ended: issued in time (each started more than
+    STARVED_LAUNCH_US after its launch, behind the reductions before it on its stream) but run back to back, so at
+    the measured bandwidth they outlast the compute beside them. Their transfer at the best rate this rank
+    measured (facts/coverage.py `transfer_us`) is a limit of the hardware; the last bucket's is inherent, and the
+    rest of each kernel (waiting for peers) is neither."""
+    g = view.gpu
+    transfer = transfer_us(view)
+    starts: list[float] = []
+    ends: list[float] = []
+    rows_per_step: list[int] = []
+    for tail in gradient_tails(view):
+        rows = tail.rows[(tail.rows != tail.last) & (g.start[tail.rows] - view.launch[tail.rows] > STARVED_LAUNCH_US)]
+        rows_per_step.append(len(rows))
+        starts += np.maximum(tail.after, g.end[rows] - transfer[rows]).tolist()
+        ends += g.end[rows].tolist()
+    if not starts:
+        return []
+    covers = iv.subtract(iv.union(np.array(starts), np.array(ends)), view.compute)
+    cost = iv.length(covers) / view.n_steps
+    if cost <= 0:
+        return []
+    evidence = {
+        "queued_reductions_per_step": round(sum(rows_per_step) / view.n_steps, 2),
+        "exposed_transfer_us_per_step": round(cost, 3),
+    }
+    return [
+        finding(
+            REDUCE_TRANSFER_BOUND.id,
+            "Gradient reductions outlast the backward compute at this bandwidth",
+            "the reductions were issued in time but ran back to back on their stream, so some were still queued "
+            "when backward compute ended; their transfer at the best rate measured here is a limit of the "
+            "bandwidth, not of the schedule: fewer bytes would shorten it (communication_data_type bf16 where it is "
+            "fp32, zero_quantized_gradients)",
+            cost,
+            [view.rank_id],
+            view.step_numbers,
+            evidence,
+            covers=covers,
+        )
+    ]
+
+
 DEFERRED = Rule("reduce-scatter-deferred", reduce_scatter_deferred, explains=("epilogue-sync",), blame=exposed_blames)
 OVERLAP_COMM_DISABLED = Rule(
     "overlap-comm-disabled", overlap_comm_disabled, explains=("epilogue-sync",), blame=exposed_blames
+)
+# the reductions' transfer itself outlasts backward: no schedule fix; ranked after the causes
+REDUCE_TRANSFER_BOUND = Rule(
+    "reduce-transfer-bound", reduce_transfer_bound, severity_cap="info", limit=True, blame=exposed_blames
 )
 TINY_COLLECTIVES = Rule("tiny-collectives", tiny_collectives, severity_cap="warning", blame=exposed_blames)

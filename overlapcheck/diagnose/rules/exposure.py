@@ -7,7 +7,9 @@ why: the cause is one no rule knows (or a rule's precondition did not hold), so 
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,8 @@ from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import finding
 from overlapcheck.diagnose.locators import exposed_blames
 from overlapcheck.diagnose.rule import WARNING_SHARE, Rule
-from overlapcheck.model import Finding
+from overlapcheck.job import JobContext
+from overlapcheck.model import Finding, RankResult
 from overlapcheck.trace import classify as C
 
 TOP_LOCATIONS = 5
@@ -118,3 +121,80 @@ UNEXPLAINED = Rule(
     blame=exposed_blames,
     min_share=WARNING_SHARE,
 )
+
+
+def peer_waiting(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
+    """Waiting for peers inside the collectives each rank counted inherent (a step's first all-gather, its last
+    gradient bucket): a collective's kernels end together on every rank, so its shortest duration across ranks
+    is the transfer, and what a rank's kernel lasts beyond that is waiting for a peer that arrived later. Only the
+    transfer is inherent; the rest is someone's (a straggler, a slow node), whoever it is. Collectives are
+    matched by key (process group, kind, order) on every rank, with the same size where the sizes are known."""
+    sigs = {
+        r.metrics.rank: r.signature
+        for r in results
+        if r.signature is not None and r.metrics.rank is not None and r.signature.inherent_parts_us
+    }
+    if len(sigs) < 2:
+        return []
+    best: dict[str, float] = {}
+    size: dict[str, set[int]] = defaultdict(set)
+    seen: dict[str, int] = defaultdict(int)
+    for sig in sigs.values():
+        for i, key in enumerate(sig.keys):
+            best[key] = min(best.get(key, float("inf")), sig.dur[i])
+            seen[key] += 1
+            if sig.bytes:
+                size[key].add(sig.bytes[i])
+    waits: dict[int, float] = {}
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for rank, sig in sigs.items():
+        total = 0.0
+        for i, key in enumerate(sig.keys):
+            part = sig.inherent_parts_us[i]
+            if part <= 0 or seen[key] < len(sigs) or len(size[key]) > 1:
+                continue
+            # the transfer is the end of the kernel: what was counted inherent before its last best[key] µs
+            extra = max(0.0, part - best[key])
+            total += extra
+            by_kind[key.rsplit("|", 2)[-2]].append(extra / max(1, sig.steps))
+        waits[rank] = total / max(1, sig.steps)
+    waiting = sorted(rank for rank, us in waits.items() if us > 0)
+    # the mean over the ranks that wait, as for a finding merged across ranks
+    cost = statistics.fmean(waits[r] for r in waiting) if waiting else 0.0
+    step_us = statistics.median(
+        [r.metrics.step_time_us / max(1, len(r.metrics.steps)) for r in results if r.metrics.step_time_us]
+    )
+    if cost <= 0 or cost < PEER_WAIT.min_share * step_us:
+        return []
+    kinds = {kind: round(sum(v) / len(waiting), 3) for kind, v in sorted(by_kind.items()) if sum(v) > 0}
+    top = max(kinds, key=kinds.__getitem__)
+    evidence = {
+        "wait_us_per_step": {
+            "min": round(min(waits.values()), 3),
+            "median": round(statistics.median(waits.values()), 3),
+            "max": round(max(waits.values()), 3),
+        },
+        "by_kind_us_per_step": kinds,
+        "ranks_waiting": len(waiting),
+        "method": "per collective: kernel duration beyond the shortest duration of the same collective across "
+        "ranks (its transfer), of the part each rank counted inherent",
+    }
+    return [
+        finding(
+            PEER_WAIT.id,
+            f"Ranks wait for their peers inside the first all-gathers and last gradient buckets ({top})",
+            f"{cost / 1000:.2f} ms per step (mean of the {len(waiting)} waiting ranks) of the collectives every step "
+            "must expose (its first all-gather, its last gradient bucket) is not transfer but waiting: the same "
+            "collective takes that much less on the rank that arrives last. Only the transfer is inherent; find who "
+            "arrives late (a straggler, a slow node, a late host) on the timeline",
+            cost,
+            waiting,
+            sorted({s.step for r in results for s in r.metrics.steps}),
+            evidence,
+            covers={rank: us for rank, us in waits.items() if us > 0},
+        )
+    ]
+
+
+# across ranks, on the part each rank counted inherent (its covers are not in the ranks' unexplained exposure)
+PEER_WAIT = Rule("peer-wait", cross=peer_waiting, severity_cap="warning", min_share=WARNING_SHARE, from_inherent=True)

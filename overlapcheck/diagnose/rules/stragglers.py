@@ -286,4 +286,9 @@ def _why(rank: int, telling: dict[str, dict[str, Any]], waited: float, late_on: 
 
 
 # the other ranks' waits inside collectives for the straggler stall their compute: those stalls are its
-STRAGGLER = Rule("straggler", cross=straggler, explains=("cross-stream-wait", "allgather-transfer-bound"), paces=True)
+STRAGGLER = Rule(
+    "straggler",
+    cross=straggler,
+    explains=("cross-stream-wait", "allgather-transfer-bound", "peer-wait"),
+    paces=True,
+)
