@@ -15,7 +15,7 @@ from overlapcheck.diagnose.facts.coverage import coverage
 from overlapcheck.diagnose.facts.signature import collective_signature, per_collective
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, LIMITS, RULES
-from overlapcheck.diagnose.rule import Rule
+from overlapcheck.diagnose.rule import GPU_FACTS, Rule
 from overlapcheck.job import JobContext
 from overlapcheck.model import SEVERITIES, Blame, CollectiveSignature, Finding, Fix, RankMetrics, RankResult
 from overlapcheck.trace.model import TraceModel
@@ -178,6 +178,8 @@ def readings(results: Sequence[RankResult]) -> list[str]:
     world = max(w for w in worlds if w is not None)
     tail = statistics.median(sum(s.tail_us) / max(1, s.steps) for s in sigs) / 1000
     best = statistics.median(sum(s.inherent_parts_us) / max(1, s.steps) for s in sigs) / 1000
+    if tail - best < 0.01:
+        return []  # both readings agree
     who = f"one rank of {world}" if len(present) == 1 else f"{len(present)} ranks of {world}"
     return [
         f"{who}: a collective's duration includes waiting for peers that are not in these traces, which they cannot "
@@ -189,23 +191,20 @@ def readings(results: Sequence[RankResult]) -> list[str]:
 
 
 def inapplicable(ranks: Sequence[RankMetrics]) -> list[str]:
-    """Which rules could not apply to these ranks and why, as a note: every rule reads what a GPU trace has
-    (`Rule.needs`), so a rank measured on CPU lanes (a gloo run) gets no finding, whatever its exposure."""
+    """Which rules could not apply to these ranks and why, as a note: most rules read what only a GPU trace has
+    (`Rule.needs` GPU_FACTS), so on a rank measured on CPU lanes (a gloo run) only the others can find anything."""
     cpu = [r for r in ranks if r.lanes == "cpu" and r.collectives["all"].count]
     if not cpu:
         return []
     exposed = statistics.median(r.exposed_per_step() for r in cpu) / 1000
-    by_need: dict[str, list[str]] = {}
-    for rule in RULES:
-        by_need.setdefault(rule.needs, []).append(rule.id)
-    why = "; ".join(
-        f"{'all ' + str(len(ids)) + ' rules' if len(ids) == len(RULES) else ', '.join(ids)} read {need}"
-        for need, ids in by_need.items()
-    )
+    gpu_only = [rule.id for rule in RULES if rule.needs == GPU_FACTS]
+    others = [rule.id for rule in RULES if rule.needs != GPU_FACTS]
+    which = f"{len(gpu_only)} of the {len(RULES)} rules" + (f" (all but {', '.join(others)})" if others else "")
     return [
-        f"{len(cpu)} rank(s) were measured on CPU (gloo) lanes, where no rule applies ({why}, which a CPU-only trace "
-        f"does not have): their {exposed:.2f} ms/step (median) of exposed gloo communication is not diagnosed; "
-        "the per-collective table says which collectives and phases it is in"
+        f"{len(cpu)} rank(s) were measured on CPU (gloo) lanes: {which} read {GPU_FACTS}, which a CPU-only trace "
+        f"does not have, so they cannot apply; of the {exposed:.2f} ms/step (median rank) of exposed gloo "
+        "communication, what the findings do not explain is not diagnosed (the per-collective table says which "
+        "collectives and phases it is in)"
     ]
 
 

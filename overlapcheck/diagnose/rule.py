@@ -19,6 +19,7 @@ CrossRule = Callable[["Sequence[RankResult]", "JobContext"], "list[Finding]"]
 ResidualRule = Callable[["RankFacts", "Coverage"], "list[Finding]"]
 Locator = Callable[["RankFacts", "list[tuple[Rule, Finding]]"], "list[Blame]"]
 
+GPU_FACTS = "GPU streams, kernels and CUDA runtime calls"  # what most rules read, and CPU-only traces lack
 CRITICAL_SHARE = 0.10  # cost / step time at or above which a finding is critical
 WARNING_SHARE = 0.03
 
@@ -63,8 +64,8 @@ class Rule:
     paces: bool = False
     min_share: float = 0.0
     from_inherent: bool = False  # a cross-rank rule whose `covers` each rank had counted inherent, not unexplained
-    needs: str = "GPU streams, kernels and CUDA runtime calls"  # what of a trace the rule reads: no rule applies
-    # to CPU-only (gloo) lanes yet
+    needs: str = GPU_FACTS  # what of a trace it reads (GPU_FACTS: not on the
+    # CPU lanes of a gloo run)
 
     def key(self, finding: Finding) -> str:
         """A finding's identity: its rule and the evidence fields that tell its findings apart (the fields

@@ -27,7 +27,7 @@ SLOW_NETWORK = 0.5  # measured inter-node busbw below this share of the stated p
 
 def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     """One job-wide finding when the bandwidth floor dominates the exposed communication."""
-    if len([r for r in results if r.signature is not None]) < 2:
+    if len(results) < 2:
         return []  # the transfer time needs the other ranks (a per-rank summary judges one rank only)
     bw = job_bandwidth(results, job)
     if bw is None or not bw.hideability:
@@ -128,4 +128,5 @@ BANDWIDTH_BOUND = Rule(
     "bandwidth-bound",
     cross=bandwidth_bound,
     explains=("cross-stream-wait", "allgather-transfer-bound", "reduce-transfer-bound"),
+    needs="the collectives' sizes and durations on every rank",
 )
