@@ -57,8 +57,21 @@ def _describe(view: RankFacts, rule: str, text_of: TextOf, idx: np.ndarray, cost
         "awaited": _awaited(view, waited),
         "first_at_us": round(syncs[0].start, 3),
         "call_site": syncs[0].site.get("frame"),
-        "stack": syncs[0].site.get("stack", [])[:8],
+        "stack": _longest(waited or syncs).site.get("stack", [])[:8],
     }
+    if waited:
+        # where the host blocked longest: the stack to fix first, with how many calls there are at that stack
+        longest = _longest(waited)
+        stack = longest.site.get("stack", [])
+        evidence["longest_call"] = {
+            "blocked_us": round(longest.blocked, 3),
+            "calls_at_its_stack_per_step": round(
+                sum(s.site.get("stack", []) == stack for s in waited) / view.n_steps, 2
+            ),
+            "blocked_us_at_its_stack_per_step": round(
+                sum(s.blocked for s in waited if s.site.get("stack", []) == stack) / view.n_steps, 3
+            ),
+        }
     delayed = _delayed(view, idx)
     if delayed:
         evidence["delayed_collectives"] = delayed
@@ -76,6 +89,11 @@ def _describe(view: RankFacts, rule: str, text_of: TextOf, idx: np.ndarray, cost
     )
     text = text_of(view, syncs)
     return finding(rule, text[0], text[1], cost, [view.rank_id], steps, evidence, text[2], covers=covers)
+
+
+def _longest(syncs: list[Sync]) -> Sync:
+    """The call that blocked the host longest (the first of equals)."""
+    return max(syncs, key=lambda s: s.blocked)
 
 
 def _kind(view: RankFacts, row: int) -> str:
