@@ -249,6 +249,9 @@ class Finding:
     # in memory, per-rank findings only: the windows [start, end) (the rank's trace µs) where the compute idle
     # this finding charges lies; the diagnosis reads them for the share it explains and the unexplained rest
     covers: Any = field(default=None, compare=False, repr=False, metadata={"json": False})
+    # the finding names the rank the others wait for (a straggler: its first rank sets the job's pace); written only
+    # when true
+    paces: bool | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

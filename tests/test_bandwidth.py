@@ -119,6 +119,7 @@ def test_degraded_network_4x8_is_bandwidth_bound(tmp_path: Path) -> None:
     _assert_diagnosed(analyze(tmp_path), truth)
 
 
+@pytest.mark.symptom_without_cause("bandwidth-bound")
 def test_healthy_is_not_bandwidth_bound(tmp_path: Path) -> None:
     generate("healthy", tmp_path, costs=False, steps=2, nodes=2, gpus_per_node=4)
     report = analyze(tmp_path, jobs=1)

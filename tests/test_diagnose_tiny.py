@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
 
 from overlapcheck.diagnose import severity_of
@@ -154,6 +155,7 @@ def test_sizes_read_from_the_same_reduce_scatters_do_not_make_it_deferred(tmp_pa
     assert "reduce-scatter-deferred" not in rules(diagnose(tmp_path))
 
 
+@pytest.mark.symptom_without_cause("reduce-scatter-deferred")
 def test_reduce_scatter_during_backward_is_not_deferred(tmp_path: Path) -> None:
     assert "reduce-scatter-deferred" not in rules(diagnose(backward_trace(tmp_path, True)))
 

@@ -79,6 +79,7 @@ def test_page_has_every_section_and_the_numbers():
         title="Rank 3 arrives last at the collectives",
         ranks=[3],
         fix={},
+        paces=True,  # as the diagnosis marks a straggler: the renderer reads this, not the rule id
     )
     report = make_report(
         4,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from builders import cpu_op, kernel, launch, step, write_trace
 
 from overlapcheck.analysis.metrics import analyze_model
@@ -89,6 +90,7 @@ def test_reductions_queued_behind_the_last_bucket_are_a_bandwidth_limit(tmp_path
     assert not [f for f in report.findings if f.rule == "unexplained-exposure"]
 
 
+@pytest.mark.symptom_without_cause("reduce-transfer-bound")
 def test_late_issued_reductions_after_backward_are_no_bandwidth_limit(tmp_path: Path) -> None:
     # the symptom (reductions exposed after backward) without the cause (they were not queued): not a limit
     write_trace(tmp_path, "rank0.trace.json.gz", zero3_tail(queued=False), rank=0, world_size=1)
@@ -122,6 +124,7 @@ def test_waiting_for_peers_inside_a_gather_counted_inherent_is_never_inherent(tm
     assert peer.evidence["by_kind_us_per_step"] == {"all_gather": 600.0}
 
 
+@pytest.mark.symptom_without_cause("peer-wait")
 def test_a_rank_whose_own_fastest_gather_is_the_transfer_needs_no_peer(tmp_path: Path) -> None:
     # the ranks take turns arriving late: each rank's own fast gather caps its slow one, so the wait is
     # unexplained on the rank already (located), and peer-wait has nothing to move

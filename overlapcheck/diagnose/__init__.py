@@ -121,7 +121,7 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
         if not BY_ID[m[0].rule].inherent or m[0].cost_us >= INHERENT_MIN_US
     ]
     merged = _claimed_across(merged, crossed)
-    merged.extend((dataclasses.replace(f, covers=None), {}) for f in crossed)
+    merged.extend((dataclasses.replace(f, covers=None, paces=BY_ID[f.rule].paces or None), {}) for f in crossed)
     findings = _paced_by_straggler(merged)
     findings = [_drop_applied(f, job) for f in findings]
     ranks = [r.metrics for r in results]

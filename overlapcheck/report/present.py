@@ -398,7 +398,7 @@ def notes(report: Report, limit: int = 200) -> list[str]:
 
 def stragglers(report: Report) -> list[Finding]:
     """The straggler findings of the report (the diagnosis decides what a straggler is)."""
-    return [f for f in report.findings if f.rule == "straggler"]
+    return [f for f in report.findings if f.paces]
 
 
 # -- fixes -----------------------------------------------------------------------------------------------------

@@ -286,7 +286,7 @@ COMMS_LOGGER = Origin("comms-logger", _is_comms_logger)
 THROUGHPUT_TIMER = Origin("throughput-timer", _is_throughput_timer)
 OFFLOAD_COPY = Origin("offload-copy", _is_offload_copy)
 REDUCE_THROTTLE = Origin("reduce-throttle", _is_reduce_throttle)
-FETCH_THROTTLE = Origin("fetch-throttle", _is_fetch_throttle)
+FETCH_THROTTLE = Origin("gather-throttle", _is_fetch_throttle)
 # the optimizer needs the reduced gradients the epilogue waits for
 EPILOGUE = Origin("epilogue", _in("independent_gradient_partition_epilogue"), waited_for=True)
 OTHER = Origin("other", lambda s: True)
