@@ -20,6 +20,9 @@ FORBIDDEN = {
     "diagnose": {"report", "pipeline", "commands"},
     "report": {"pipeline", "capture", "diagnose", "analysis", "trace"},
     "diagnose/facts": {"diagnose/rules"},
+    # the comparison and the gate's checks are stages over Reports; renderers (report/) render them
+    "compare": {"trace", "analysis", "diagnose", "pipeline", "capture", "commands"},
+    "gate": {"trace", "analysis", "diagnose", "pipeline", "capture", "commands"},
 }
 
 
@@ -64,6 +67,17 @@ def test_rules_are_one_explicit_list_without_import_side_effects() -> None:
         text = path.read_text(encoding="utf-8")
         assert "__dict__[" not in text, f"{path.name} caches by writing into an object's __dict__"
         assert "SEVERITY_CAP[" not in text and "@rank_rule" not in text
+
+
+def test_orchestration_imports_no_rule_module() -> None:
+    # the pipeline and the diagnosis' orchestration reach rules only through the registry
+    for path in (PACKAGE / "pipeline.py", PACKAGE / "diagnose" / "__init__.py", PACKAGE / "diagnose" / "locate.py"):
+        assert not [i for i in _imports(path) if i.startswith("diagnose/rules")], path.name
+
+
+def test_report_package_holds_renderers_only() -> None:
+    stages = {"compare.py", "gate.py"}
+    assert not stages & {p.name for p in (PACKAGE / "report").glob("*.py")}
 
 
 def test_renderers_share_one_interface() -> None:

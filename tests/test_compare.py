@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from overlapcheck.cli import main
 from overlapcheck.commands.compare import distinct_by
+from overlapcheck.compare import SCHEMA, compare, finding_key
 from overlapcheck.model import Report
 from overlapcheck.pipeline import analyze
 from overlapcheck.report import present as P
-from overlapcheck.report.compare import SCHEMA, compare, finding_key
 from overlapcheck.report.compare_render import compare_renderer
 
 KINDS = ("all", "reduce_scatter", "all_gather", "all_reduce")
@@ -232,7 +232,7 @@ def test_small_cost_changes_are_the_same_finding():
 
 
 def test_step_period_uses_the_steps_period_when_the_report_has_it():
-    from overlapcheck.report.compare import step_period_us
+    from overlapcheck.compare import step_period_us
 
     rank = make_report(1).ranks[0]
     assert step_period_us(rank) == pytest.approx(rank.step_time_us / 2)

@@ -10,8 +10,7 @@ import pytest
 from builders import make_report, report_doc
 
 from overlapcheck.errors import UserError
-from overlapcheck.model import Report, ReportFormatError
-from overlapcheck.report.gate import (
+from overlapcheck.gate import (
     GateConfig,
     append_step_summary,
     exit_code,
@@ -20,6 +19,7 @@ from overlapcheck.report.gate import (
     parse_regressions,
     run_checks,
 )
+from overlapcheck.model import Report, ReportFormatError
 from overlapcheck.report.junit import render_junit
 from overlapcheck.report.markdown import render_gate_markdown
 

@@ -10,9 +10,9 @@ import xml.etree.ElementTree as ET
 
 from builders import make_finding, make_report
 
+from overlapcheck.gate import GateConfig, run_checks
 from overlapcheck.model import InputError
 from overlapcheck.report import renderer
-from overlapcheck.report.gate import GateConfig, run_checks
 from overlapcheck.report.junit import render_junit
 from overlapcheck.report.markdown import render_gate_markdown
 from overlapcheck.report.present import safe, safe_line

@@ -18,7 +18,7 @@ def save(report_path: str, baseline_path: str, force: bool) -> None:
     """Validate REPORT.json and save it as BASE.json (refuses to overwrite without --force)."""
     from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.fsutil import atomic_write
-    from overlapcheck.report.gate import read_report, reduce_ranks
+    from overlapcheck.gate import read_report, reduce_ranks
     from overlapcheck.report.present import pct
 
     check_outputs([baseline_path], force, inputs=[report_path])

@@ -24,7 +24,7 @@ def load_side(path: str, jobs: int | None = None) -> Report:
     """A folder of traces or an `overlapcheck run` folder (analyzed now), or a JSON report (validated).
     Any problem, an unreadable trace among them, is a UserError."""
     from overlapcheck import pipeline
-    from overlapcheck.report.gate import read_report
+    from overlapcheck.gate import read_report
 
     if os.path.isdir(path):
         report = pipeline.analyze(path, jobs=jobs)
@@ -75,8 +75,8 @@ def command(
     (`analyze --format json`). Exit code 0; 2 on bad input.
     """
     from overlapcheck.commands.analyze import check_outputs
+    from overlapcheck.compare import compare
     from overlapcheck.fsutil import atomic_write
-    from overlapcheck.report.compare import compare
     from overlapcheck.report.compare_render import compare_renderer
 
     extra = [(p, name) for p, name in ((html_path, "html"), (json_path, "json"), (markdown_path, "markdown")) if p]
@@ -94,6 +94,7 @@ def command(
 
             Console(highlight=False).print(CompareTerminalRenderer().group(comparison))
         else:
-            sys.stdout.write(compare_renderer(fmt).render(comparison))
+            out = compare_renderer(fmt).render(comparison)
+            sys.stdout.write(out if isinstance(out, str) else out.decode())
     for path, name in extra:
         click.echo(f"{name}: {path}", err=True)

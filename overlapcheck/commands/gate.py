@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from overlapcheck.errors import UserError
-from overlapcheck.report.gate import (
+from overlapcheck.gate import (
     ACROSS,
     GateConfig,
     append_step_summary,

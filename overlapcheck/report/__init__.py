@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from overlapcheck.report.base import Renderer
+from overlapcheck.report.base import Renderer, ReportRenderer
 
 # name -> (module, class); modules are imported on first use (jinja2 and rich only when needed)
 RENDERERS = {
@@ -22,11 +22,11 @@ RENDERERS = {
 }
 
 
-def renderer(name: str) -> Renderer:
+def renderer(name: str) -> ReportRenderer:
     """The renderer called `name` (one of RENDERERS)."""
     module, cls = RENDERERS[name]
-    instance: Renderer = getattr(importlib.import_module(module), cls)()
+    instance: ReportRenderer = getattr(importlib.import_module(module), cls)()
     return instance
 
 
-__all__ = ["RENDERERS", "Renderer", "renderer"]
+__all__ = ["RENDERERS", "Renderer", "ReportRenderer", "renderer"]

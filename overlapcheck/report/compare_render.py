@@ -8,23 +8,20 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from overlapcheck.compare import Comparison, Delta, FindingChange, signed_ms
 from overlapcheck.model import ALL
 from overlapcheck.report import page
 from overlapcheck.report import present as P
-from overlapcheck.report.compare import Comparison, Delta, FindingChange, signed_ms
+from overlapcheck.report.base import Renderer
 from overlapcheck.report.json import document_json
 
 MAX_RANK_ROWS = P.MAX_RANK_ROWS  # ranks listed (largest change of exposed time first)
 STATUS_MARK = {"appeared": "new", "disappeared": "gone", "changed": "changed", "same": "same"}
 
 
-class CompareRenderer(Protocol):
-    name: str
-    extension: str
-
-    def render(self, comparison: Comparison) -> str: ...
+CompareRenderer = Renderer[Comparison]  # the one renderer interface (report/base.py), over the Comparison
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from overlapcheck.report.gate import Check
+from overlapcheck.gate import Check
 from overlapcheck.report.present import safe_line
 
 SUITE = "overlapcheck.gate"

@@ -9,7 +9,7 @@ from overlapcheck.model import Report
 from overlapcheck.report import present as P
 
 if TYPE_CHECKING:
-    from overlapcheck.report.gate import Check
+    from overlapcheck.gate import Check
 
 
 def cell(text: object) -> str:

@@ -16,7 +16,7 @@ How checks treat ranks (documented in docs/ci-gate.md):
 - with a baseline and no explicit baseline check, both checks run for `all` and for every collective kind
   present in the baseline (DEFAULT_REGRESSION, DEFAULT_DROP tolerances).
 
-The baseline checks read what changed from `report.compare.compare(baseline, report)`: the one implementation
+The baseline checks read what changed from `compare.compare(baseline, report)`: the one implementation
 of "what changed" that `overlapcheck compare` prints (ranks present in both reports, values per step).
 """
 
@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from overlapcheck.compare import Comparison, compare
 from overlapcheck.errors import UserError
 from overlapcheck.fsutil import read_bytes
 from overlapcheck.model import ALL, COLLECTIVE_KEYS, RankMetrics, Report
-from overlapcheck.report.compare import Comparison, compare
 from overlapcheck.report.present import duration as fmt_us
 from overlapcheck.report.present import pct as fmt_pct
 
