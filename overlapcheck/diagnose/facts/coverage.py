@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from overlapcheck.diagnose.facts.view import RankFacts
 
 AR = C.COLLECTIVES.index("all_reduce")
+# a kernel is "far" slower than the best of its kind and size beyond this ratio (a rate below 2/3 of the best):
+# within it, jitter and links shared with concurrent collectives, and all of the kernel counts as its transfer
+FAR_SLOWER = 1.5
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,9 @@ def exposed_windows(view: RankFacts) -> iv.Intervals:
 def transfer_us(view: RankFacts) -> np.ndarray:
     """Per GPU row, the least time its collective's transfer takes at the best rate this rank measured: the
     shortest duration among the rank's communication kernels of the same kind, message size and group size (a
-    kernel's duration includes its wait for peers; the fastest of equal transfers has the least of it). A kernel
-    of unknown size is its own best. Computed once per rank."""
+    kernel's duration includes its wait for peers; the fastest of equal transfers has the least of it), when the
+    kernel is far slower than that (FAR_SLOWER); else, and for a kernel of unknown size, its own duration.
+    Computed once per rank."""
     return view.memo("transfer_us", _transfer_us)
 
 
@@ -79,7 +83,9 @@ def _transfer_us(view: RankFacts) -> np.ndarray:
     for r, kind, size, group in zip(
         known.tolist(), g.coll[known].tolist(), sizes[known].tolist(), groups[known].tolist(), strict=True
     ):
-        out[r] = best[(kind, size, group)]
+        fastest = best[(kind, size, group)]
+        if dur[r] > FAR_SLOWER * fastest:
+            out[r] = fastest
     return out
 
 

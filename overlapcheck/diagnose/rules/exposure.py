@@ -16,7 +16,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, phase_of, phase_windows
-from overlapcheck.diagnose.facts.coverage import Coverage
+from overlapcheck.diagnose.facts.coverage import FAR_SLOWER, Coverage
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import finding
 from overlapcheck.diagnose.locators import exposed_blames
@@ -153,7 +153,10 @@ def peer_waiting(results: Sequence[RankResult], job: JobContext) -> list[Finding
             part = sig.inherent_parts_us[i]
             if part <= 0 or seen[key] < len(sigs) or len(size[key]) > 1:
                 continue
-            # the transfer is the end of the kernel: what was counted inherent before its last best[key] µs
+            # the transfer is the end of the kernel: what was counted inherent before its last best[key] µs, when
+            # the kernel is far slower than the same collective on the rank that arrived last
+            if sig.dur[i] <= FAR_SLOWER * best[key]:
+                continue
             extra = max(0.0, part - best[key])
             total += extra
             by_kind[key.rsplit("|", 2)[-2]].append(extra / max(1, sig.steps))
