@@ -70,6 +70,7 @@ class Inputs:
     ds_config: dict[str, Any] | None = None  # ds_config.json beside the traces
     model: dict[str, Any] | None = None  # model.json beside the traces
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each file to read
+    documents: list[str] = field(default_factory=list)  # the paths of run.json, ds_config.json, model.json read
 
     @property
     def total_bytes(self) -> int:
@@ -78,6 +79,14 @@ class Inputs:
     @property
     def count(self) -> int:
         return len(self.traces) + len(self.summaries)
+
+    @property
+    def files(self) -> list[str]:
+        """Every file these inputs read or may read (a summary's trace too): what no output may replace."""
+        out = [*self.traces, *self.documents]
+        for s in self.summaries:
+            out += [s.path] + ([s.trace] if s.trace is not None else [])
+        return out
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,7 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
             if attr == "ds_config" and not isinstance(doc, dict):
                 raise UserError("a DeepSpeed config must be a JSON object", path)
             setattr(found, attr, doc if isinstance(doc, dict) else None)
+            found.documents.append(path)
 
 
 def read_ds_config(path: str) -> dict[str, Any]:

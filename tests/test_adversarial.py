@@ -565,3 +565,95 @@ def test_the_parallel_reader_notes_the_same_values(tmp_path: Path, monkeypatch: 
     assert any("8 events with a negative duration" in n for n in plain.notes), plain.notes
     assert any("1 events with an infinite" in n for n in plain.notes), plain.notes
     assert len(plain.gpu) == len(parallel.gpu) == 400
+
+
+# ---- round 3: no output replaces an input -----------------------------------------------------------------
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """`overlapcheck ARGS...` in this process: exit code, stdout, stderr; never a traceback."""
+    result = CliRunner().invoke(main, list(args))
+    exc = result.exception if not isinstance(result.exception, SystemExit) else None
+    assert exc is None, f"{type(exc).__name__}: {exc}"
+    assert "Traceback" not in result.stdout + result.stderr
+    return result.exit_code, result.stdout, result.stderr
+
+
+def job_folder(folder: Path, world: int = 2, config: dict[str, Any] | None = None) -> Path:
+    """A folder of `world` tiny rank traces (and a ds_config.json when given)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in range(world):
+        (folder / f"rank{r}.json").write_bytes(doc_bytes(rank=r, world=world))
+    if config is not None:
+        (folder / "ds_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _refused_as_input(code: int, stderr: str) -> None:
+    errors = [line for line in stderr.splitlines() if line.startswith("overlapcheck: error:")]
+    assert code == 2 and len(errors) == 1 and "is also an input" in errors[0], stderr
+
+
+@pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
+@pytest.mark.parametrize("victim", ["rank0.json", "ds_config.json", "--ds-config", "the-file-given", "hard-link"])
+@pytest.mark.parametrize("force", [False, True])
+def test_analyze_never_writes_over_an_input(tmp_path: Path, option: str, victim: str, force: bool) -> None:
+    folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    args = ["analyze", str(folder), "--format", "json", "-j", "1"]
+    target = folder / victim
+    if victim == "--ds-config":
+        args += ["--ds-config", str(given)]
+        target = given
+    elif victim == "the-file-given":
+        args = ["analyze", str(folder / "rank1.json"), "--format", "json", "-j", "1"]
+        target = folder / "rank1.json"
+    elif victim == "hard-link":
+        os.link(folder / "rank1.json", tmp_path / "alias.json")
+        target = tmp_path / "alias.json"
+    before = {p: p.read_bytes() for p in (folder / "rank0.json", folder / "rank1.json", folder / "ds_config.json")}
+    code, _, stderr = cli(*args, option, str(target), *(["--force"] if force else []))
+    _refused_as_input(code, stderr)
+    assert {p: p.read_bytes() for p in before} == before and given.read_text().startswith("{")
+
+
+@pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
+def test_report_never_writes_over_a_summary_run_json_or_trace(tmp_path: Path, option: str) -> None:
+    run = tmp_path / "run"
+    traces = job_folder(run / "traces")
+    (run / "run.json").write_text(json.dumps({"ranks": []}))
+    for victim in (run / "run.json", traces / "rank0.json"):
+        before = victim.read_bytes()
+        code, _, stderr = cli("report", str(run), "--format", "json", "-j", "1", option, str(victim), "--force")
+        _refused_as_input(code, stderr)
+        assert victim.read_bytes() == before
+
+
+@pytest.mark.parametrize("option", ["-o", "--html", "--json", "--markdown"])
+@pytest.mark.parametrize("side", [0, 1])
+def test_compare_never_writes_over_a_file_inside_a_side(tmp_path: Path, option: str, side: int) -> None:
+    sides = [job_folder(tmp_path / "a"), job_folder(tmp_path / "b")]
+    victim = sides[side] / "rank0.json"
+    before = victim.read_bytes()
+    code, _, stderr = cli("compare", str(sides[0]), str(sides[1]), option, str(victim), "--force")
+    _refused_as_input(code, stderr)
+    assert victim.read_bytes() == before
+
+
+@pytest.mark.parametrize("option", ["--junit", "--markdown"])
+@pytest.mark.parametrize("victim", ["report", "baseline", "symlink"])
+def test_gate_never_writes_over_its_report_or_baseline(tmp_path: Path, option: str, victim: str) -> None:
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    assert code == 0
+    (tmp_path / "base.json").write_bytes((tmp_path / "r.json").read_bytes())
+    (tmp_path / "link.xml").symlink_to(tmp_path / "base.json")
+    target = {"report": "r.json", "baseline": "base.json", "symlink": "link.xml"}[victim]
+    before = (tmp_path / "base.json").read_bytes(), (tmp_path / "r.json").read_bytes()
+    args = ["gate", str(tmp_path / "r.json"), "--baseline", str(tmp_path / "base.json")]
+    code, _, stderr = cli(*args, option, str(tmp_path / target), "--force")
+    _refused_as_input(code, stderr)
+    assert ((tmp_path / "base.json").read_bytes(), (tmp_path / "r.json").read_bytes()) == before
+    code, _, stderr = cli("baseline", "save", str(tmp_path / "r.json"), str(tmp_path / "r.json"), "--force")
+    _refused_as_input(code, stderr)

@@ -94,10 +94,11 @@ def run_report(
     from overlapcheck.report import renderer
 
     targets = [t for t in (output, html_path, perfetto_path) if t]
-    check_outputs(targets, force)  # fail before a long analysis, not after
+    inputs = pipeline.find_inputs(paths)
+    # fail before a long analysis, not after; an output is never one of the files read, even with --force
+    check_outputs(targets, force, [*inputs.files, *([ds_config] if ds_config else [])])
     stated = parse_network(network) if network is not None else None
     config = pipeline.read_ds_config(ds_config) if ds_config else None
-    inputs = pipeline.find_inputs(paths)
     job = pipeline.job_context(inputs, config, stated)
     options = pipeline.Options(
         timelines=bool(html_path or perfetto_path), steps=steps, ranks=ranks, prefer_traces=bool(perfetto_path)
@@ -168,21 +169,54 @@ def parse_numbers(text: str | None, dash: str, option: str) -> frozenset[int] | 
 
 def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = None) -> None:
     """Each output may be written (UserError otherwise); no two outputs are the same file, and no output is
-    one of the `inputs` (even with --force: writing a report over its baseline loses the baseline)."""
-    import os
-
+    one of the `inputs` (even with --force: writing a report over its trace or baseline loses it). `inputs` are
+    files, or folders, which stand for every file that reading them reads (traces, summaries, run.json,
+    ds_config.json, model.json). The same file is recognized through symbolic and hard links."""
     from overlapcheck.errors import UserError
     from overlapcheck.fsutil import check_target
 
-    seen: dict[str, str] = {}
-    for path in inputs or []:
-        seen[os.path.realpath(path)] = "an input"
+    seen: dict[object, str] = {}
+    for path in input_files(inputs or []):
+        for key in _identities(path):
+            seen[key] = "an input"
     for target in targets:
-        key = os.path.realpath(target)
-        if key in seen:
-            raise UserError(f"is also {seen[key]}: give each output its own file", target)
+        keys = _identities(target)
+        if clash := next((seen[k] for k in keys if k in seen), None):
+            raise UserError(f"is also {clash}: give each output its own file", target)
         check_target(target, force)
-        seen[key] = "another output"
+        for key in keys:
+            seen[key] = "another output"
+
+
+def input_files(paths: list[str]) -> list[str]:
+    """The files that reading `paths` reads: a file itself, a folder every input file found in it."""
+    import os
+
+    from overlapcheck.errors import UserError
+    from overlapcheck.pipeline import find_inputs
+
+    out: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            try:
+                out += find_inputs([path]).files
+            except UserError:
+                continue  # reading it reports the problem, after the outputs were checked
+        out.append(path)
+    return out
+
+
+def _identities(path: str) -> list[object]:
+    """What names the file `path` is (or would be): its real path and, when it exists, its device and inode."""
+    import os
+
+    keys: list[object] = [os.path.realpath(path)]
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return keys
+    keys.append((st.st_dev, st.st_ino))
+    return keys
 
 
 def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any:
