@@ -401,6 +401,8 @@ class Report:
     collective_signatures: dict[str, CollectiveSignature] | None = field(default=None, metadata={"omit_none": True})
     timelines: dict[int, Timeline] = field(default_factory=dict, metadata={"json": False})
     bandwidth: JobBandwidth | None = field(default=None, metadata={"omit_none": True})
+    # about the whole job (its ds_config's values left out or resolved, ...); absent when there is nothing to say
+    notes: list[str] | None = field(default=None, metadata={"omit_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (docs/report-schema.md); floats as computed (the JSON renderer rounds them)."""

@@ -375,6 +375,7 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
             r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
         },
         bandwidth=job_bandwidth(results, job),
+        notes=list(job.notes) or None,
     )
 
 
@@ -444,6 +445,8 @@ def analyze(
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
+    if config is not None and not isinstance(config, dict):
+        raise UserError(f"ds_config must be a dict or the path of a JSON file, not {type(config).__name__}")
     inputs = find_inputs(paths)
     options = Options(
         diagnose=diagnose,

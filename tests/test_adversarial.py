@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import zlib
 from collections.abc import Callable, Iterator
@@ -657,3 +658,89 @@ def test_gate_never_writes_over_its_report_or_baseline(tmp_path: Path, option: s
     assert ((tmp_path / "base.json").read_bytes(), (tmp_path / "r.json").read_bytes()) == before
     code, _, stderr = cli("baseline", "save", str(tmp_path / "r.json"), str(tmp_path / "r.json"), "--force")
     _refused_as_input(code, stderr)
+
+
+# ---- round 3: ds_config values users really write ---------------------------------------------------------
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+READ_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+             "zero_hpz_partition_size", "overlap_comm")  # fmt: skip
+BAD_VALUES = {
+    "auto": "auto",
+    "list": [5],
+    "string": "5e8",
+    "nan": math.nan,
+    "infinity": math.inf,
+    "minus-infinity": -math.inf,
+    "bool": True,
+    "huge": 10**30,
+    "negative": -5,
+    "object": {"a": 1},
+}
+
+
+def hostile_config(value: Any) -> dict[str, Any]:
+    """A ds_config with `value` at every key a rule reads."""
+    return {
+        "train_micro_batch_size_per_gpu": value,
+        "communication_data_type": value,
+        "zero_optimization": {"stage": 3, **{k: value for k in READ_KEYS}},
+        "timers": {"throughput": value},
+        "comms_logger": value,
+    }
+
+
+@pytest.mark.parametrize("value", BAD_VALUES.values(), ids=BAD_VALUES.keys())
+def test_api_ds_config_values_are_noted_never_a_crash(value: Any) -> None:
+    import overlapcheck
+
+    for name in ("reduce-throttle", "no-prefetch", "bucket-too-large", "throughput-timer"):
+        report = overlapcheck.analyze(SAMPLES / name, ds_config=hostile_config(value), jobs=1)
+        notes = " ".join(report.notes or [])
+        assert "zero_optimization.stage3_prefetch_bucket_size" in notes, notes
+        assert ("auto" in notes) == (value == "auto")
+        assert report.ranks and not report.errors
+
+
+@pytest.mark.parametrize("route", ["--ds-config", "beside"])
+@pytest.mark.parametrize("value", ["auto", [5], math.nan, math.inf, False], ids=["auto", "list", "nan", "inf", "bool"])
+def test_cli_ds_config_values_are_noted_never_a_crash(tmp_path: Path, route: str, value: Any) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for trace in (SAMPLES / "reduce-throttle").glob("rank*.trace.json.gz"):
+        (folder / trace.name).write_bytes(trace.read_bytes())
+    config = tmp_path / "ds.json" if route == "--ds-config" else folder / "ds_config.json"
+    config.write_text(json.dumps(hostile_config(value)))  # NaN and Infinity as Python's json writes them
+    extra = ["--ds-config", str(config)] if route == "--ds-config" else []
+    code, stdout, stderr = cli("analyze", str(folder), "--format", "json", "-j", "1", *extra)
+    assert code == 0, stderr
+    notes = json.loads(stdout)["notes"]
+    assert any("zero_optimization.reduce_bucket_size" in n for n in notes), notes
+    code, stdout, _ = cli("analyze", str(folder), "-j", "1", *extra)
+    assert code == 0 and "note: ds_config" in stdout
+
+
+def test_auto_takes_the_value_the_engine_resolved_in_run_json(tmp_path: Path) -> None:
+    import overlapcheck
+
+    resolved = json.loads((SAMPLES / "reduce-throttle" / "ds_config.json").read_text())
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for trace in (SAMPLES / "reduce-throttle").glob("rank*.trace.json.gz"):
+        (folder / trace.name).write_bytes(trace.read_bytes())
+    auto = json.loads(json.dumps(resolved))
+    auto["zero_optimization"]["reduce_bucket_size"] = "auto"
+    auto["zero_optimization"]["stage3_prefetch_bucket_size"] = "auto"
+    (folder / "run.json").write_text(json.dumps({"ds_config": resolved}))
+    report = overlapcheck.analyze(folder, ds_config=auto, jobs=1)
+    expected = overlapcheck.analyze(folder, ds_config=resolved, jobs=1)
+    assert report.findings == expected.findings
+    assert report.notes and all("from run.json" in n for n in report.notes), report.notes
+    assert expected.notes is None  # a good config says nothing, and the JSON document is as before
+
+
+def test_api_ds_config_of_the_wrong_type_is_a_user_error() -> None:
+    import overlapcheck
+
+    with pytest.raises(UserError, match="ds_config must be a dict"):
+        overlapcheck.analyze(SAMPLES / "straggler", ds_config=[1, 2])  # type: ignore[arg-type]

@@ -109,7 +109,7 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
         "explain_share": _num(report.findings_explain_share),
         "errors": [{"source": e.source, "error": e.error} for e in report.errors],
         "capture_notes": P.capture_notes(report),
-        "notes": [(r.rank, n) for r in ranks for n in r.notes],
+        "notes": [(None, n) for n in report.notes or []] + [(r.rank, n) for r in ranks for n in r.notes],
         "timelines": timelines,
         "legend": [{"label": _class_label(c), "color": _class_color(c)} for c in classes],
         "colors": {"exposed": EXPOSED_COLOR, "hidden": HIDDEN_COLOR},

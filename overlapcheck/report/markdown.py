@@ -36,6 +36,8 @@ class MarkdownRenderer:
         lines = [f"### {mark} overlapcheck: {cell(v.headline)}", "", cell(v.sentence()), ""]
         if notes := P.capture_notes(report):
             lines += [*(f"> ⚠️ capture: {cell(note)}" for note in notes), ""]
+        if report.notes:
+            lines += [*(f"> note: {cell(note)}" for note in report.notes), ""]
         rows = P.kind_rows(report)
         if rows:
             columns = P.kind_columns(report)

@@ -44,6 +44,7 @@ class TerminalRenderer:
                 out.append(Text(P.safe_line(line)))
         if report.findings:
             out.append(_findings(report))
+        out += [Text(f"note: {P.safe(note)}", style="yellow") for note in report.notes or []]
         for note in sorted({note for r in report.ranks for note in r.notes}):
             out.append(Text(f"note: {P.safe(note)}", style="dim"))
         for err in report.errors:
