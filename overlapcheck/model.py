@@ -383,6 +383,7 @@ class RankResult:
     signature: CollectiveSignature | None = None
     timeline: Timeline | None = None
     blames: list[Blame] = field(default_factory=list)  # what the findings blame (in memory, with timelines)
+    trace_steps: tuple[int, ...] = ()  # the ProfilerSteps its trace holds, selected or not (in memory only)
 
 
 @dataclass(frozen=True)

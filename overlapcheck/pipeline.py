@@ -14,10 +14,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Sequence, Set
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from overlapcheck import __version__
 from overlapcheck.analysis.bandwidth import job_bandwidth, with_bandwidth, with_topology
@@ -41,6 +44,8 @@ from overlapcheck.model import (
     ReportFormatError,
     Tool,
 )
+from overlapcheck.selection import MAX_NUMBER, Numbers
+from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import load_trace, rank_from_name
 
 _TRACE_FILE = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
@@ -96,8 +101,8 @@ class Options:
     diagnose: bool = True
     timelines: bool = False  # every selected step of each rank, for the HTML page and the Perfetto file
     signatures: bool = False  # keep each rank's collective signature in the Report (per-rank summaries)
-    steps: frozenset[int] | None = None  # analyze only these ProfilerSteps (--steps; analysis/select.py)
-    ranks: frozenset[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
+    steps: Set[int] | None = None  # analyze only these ProfilerSteps (--steps; analysis/select.py)
+    ranks: Set[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
     prefer_traces: bool = False  # read a rank's trace rather than its summary when both are there
 
 
@@ -198,8 +203,10 @@ def analyze_trace(
     `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
     options = options or Options()
     model = load_trace(path, progress, workers)
+    model.notes.extend(_long_names(model) + _precision_notes(model))
+    in_trace = tuple(sorted({int(n) for n in model.steps.number}))
     if options.steps is not None:
-        model = restrict_to_steps(model, options.steps)
+        model = restrict_to_steps(model, [n for n in in_trace if n in options.steps])  # the selection is not expanded
     metrics = analyze_model(model)
     metrics = with_bandwidth(model, metrics, job)
     if options.steps is not None:
@@ -214,25 +221,53 @@ def analyze_trace(
     else:
         findings, signature = diagnose_rank(model, metrics, job or JobContext())
     timeline = timeline_of(model, metrics, blames) if options.timelines else None
-    return RankResult(metrics, findings, signature, timeline, blames)
+    return RankResult(metrics, findings, signature, timeline, blames, trace_steps=in_trace)
 
 
-def steps_note(steps: frozenset[int], metrics: RankMetrics) -> str:
+MAX_NAME = 1000  # characters of a kernel / op name that reach the outputs (a 1 MB name made a 200 MB page)
+FINE_US = 1.0  # a timestamp's float step (µs) from which sub-µs durations are lost
+
+
+def _long_names(model: TraceModel) -> list[str]:
+    """Cut names longer than MAX_NAME (in place; each keeps its length and a checksum, so that two long names
+    stay apart) and say so. Classification happened at the reader, on the whole name."""
+    cut = 0
+    for i, name in enumerate(model.names):
+        if len(name) > MAX_NAME:
+            tag = f"... [{len(name)} characters, crc {zlib.crc32(name.encode('utf-8', 'replace')):08x}]"
+            model.names[i] = name[: MAX_NAME - len(tag)] + tag
+            cut += 1
+    return [f"{cut} names longer than {MAX_NAME} characters were cut to {MAX_NAME} in every output"] if cut else []
+
+
+def _precision_notes(model: TraceModel) -> list[str]:
+    """A note when the timestamps are so large that float64 cannot tell sub-µs apart (2^52 µs and beyond: every
+    duration shorter than the float step is lost, at 2^63 µs or 1e300 all of them)."""
+    largest = 0.0
+    for table in (model.gpu, model.runtime, model.ops, model.syncs, model.steps):
+        for column in ("start", "end"):
+            values = getattr(table, column, None)
+            if values is not None and len(values):
+                largest = max(largest, float(np.max(np.abs(values))))
+    step = float(np.spacing(largest)) if largest > 0 else 0.0
+    if step < FINE_US:
+        return []
+    return [
+        f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: durations and "
+        "gaps shorter than that are lost or rounded (is the trace's clock in µs since the epoch or boot?)"
+    ]
+
+
+def steps_note(steps: Set[int], metrics: RankMetrics) -> str:
     """The note a step-restricted rank carries in its `notes` (docs/metrics.md, "Selected steps and ranks")."""
     have = [s.step for s in metrics.steps]
     text = f"analysis restricted to steps {format_numbers(steps)} (--steps): every number covers only them"
     return text + ("" if have else "; none of them is in this trace")
 
 
-def format_numbers(numbers: frozenset[int] | set[int]) -> str:
+def format_numbers(numbers: Set[int], dash: str = "-") -> str:
     """{0, 1, 2, 3, 8} -> '0-3,8'."""
-    out: list[str] = []
-    for n in sorted(numbers):
-        if out and (last := out[-1].split("-")[-1]) and int(last) == n - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{n}"
-        else:
-            out.append(str(n))
-    return ",".join(out)
+    return (numbers if isinstance(numbers, Numbers) else Numbers.of(numbers)).text(dash)
 
 
 Outcome = tuple[str, list[RankResult], str | None]  # (source, its ranks, error or None)
@@ -283,7 +318,12 @@ def analyze_inputs(
     `inputs.total_bytes`): byte by byte within a file when ranks are read in this process, a whole file at a
     time when they are read in parallel."""
     options = options or Options()
+    everything = inputs
     inputs = select_ranks(inputs, options.ranks)
+    if options.ranks is not None and not inputs.count:
+        raise UserError(
+            f"--ranks {format_numbers(options.ranks)} selects none of the inputs: {_ranks_held(everything)}"
+        )
     outcomes: list[Outcome] = []
     advance = on_bytes or (lambda n: None)
     summaries = inputs.summaries
@@ -319,10 +359,36 @@ def analyze_inputs(
             for fut in as_completed(futures):
                 outcomes.append(fut.result())
                 advance(inputs.sizes.get(outcomes[-1][0], 0))
-    return build_report(outcomes, inputs, job, options)
+    report = build_report(outcomes, inputs, job, options)
+    if options.ranks is not None and not report.ranks and not report.errors:
+        raise UserError(
+            f"--ranks {format_numbers(options.ranks)} selects no rank of the traces read: {_ranks_held(everything)}"
+        )
+    if options.steps is not None and report.ranks and not any(r.steps for r in report.ranks):
+        held = sorted({n for _, results, _ in outcomes for r in results for n in r.trace_steps})
+        there = f"the traces hold steps {format_numbers(set(held))}" if held else "the traces have no ProfilerStep"
+        raise UserError(f"--steps {format_numbers(options.steps, ':')} selects no step of any rank: {there}")
+    return report
 
 
-def select_ranks(inputs: Inputs, ranks: frozenset[int] | None) -> Inputs:
+def _ranks_held(inputs: Inputs) -> str:
+    """'the inputs hold ranks 0-7' from the file names (what a --ranks error lists)."""
+    named: set[int] = set()
+    unnamed = 0
+    for path in inputs.traces + [s.path for s in inputs.summaries]:
+        try:
+            rank = rank_from_name(path)
+        except UserError:
+            rank = None
+        if rank is None:
+            unnamed += 1
+        else:
+            named.add(rank)
+    held = f"the inputs hold rank(s) {format_numbers(named)}" if named else "no file name states a rank"
+    return held + (f" ({unnamed} file(s) whose name states none)" if unnamed and named else "")
+
+
+def select_ranks(inputs: Inputs, ranks: Set[int] | None) -> Inputs:
     """`inputs` less the files of ranks not in `ranks`: by the rank in the file name (a trace whose name states
     none is read, then kept only if its distributedInfo rank is selected)."""
     if ranks is None:
@@ -434,8 +500,8 @@ def analyze(
     diagnose: bool = True,
     timelines: bool = False,
     jobs: int | None = None,
-    steps: Sequence[int] | None = None,
-    ranks: Sequence[int] | None = None,
+    steps: Sequence[int | str] | None = None,
+    ranks: Sequence[int | str] | None = None,
 ) -> Report:
     """Analyze trace files and folders (or `overlapcheck run` folders) into a Report, as `overlapcheck analyze`
     does: `Report.to_dict()` is its JSON document. `ds_config` is the DeepSpeed config (a dict or a JSON
@@ -451,10 +517,26 @@ def analyze(
     options = Options(
         diagnose=diagnose,
         timelines=timelines,
-        steps=frozenset(steps) if steps is not None else None,
-        ranks=frozenset(ranks) if ranks is not None else None,
+        steps=_api_numbers(steps, "steps"),
+        ranks=_api_numbers(ranks, "ranks"),
     )
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs)
+
+
+def _api_numbers(values: Sequence[int | str] | None, what: str) -> Numbers | None:
+    """`steps` / `ranks` of the API: whole numbers, or strings of digits ('0'), as --steps / --ranks take them."""
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | Set):
+        raise UserError(f"{what} must be a list of numbers, such as [0, 1], not {type(values).__name__}")
+    out: list[int] = []
+    for v in values:
+        if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit() and len(v.strip()) <= 19:
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_NUMBER:
+            raise UserError(f"{what}: {str(v)[:40]!r} is not a {what[:-1]} number (a whole number >= 0)")
+        out.append(v)
+    return Numbers.of(out)
 
 
 __all__ = ["Inputs", "Options", "ReportFormatError", "analyze", "analyze_inputs", "analyze_trace", "find_inputs"]

@@ -744,3 +744,111 @@ def test_api_ds_config_of_the_wrong_type_is_a_user_error() -> None:
 
     with pytest.raises(UserError, match="ds_config must be a dict"):
         overlapcheck.analyze(SAMPLES / "straggler", ds_config=[1, 2])  # type: ignore[arg-type]
+
+
+# ---- round 3: selections, sizes and numbers beyond reason ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--ranks", "99", "--ranks 99 selects none of the inputs: the inputs hold rank(s) 0-1"),
+        ("--steps", "99", "--steps 99 selects no step of any rank: the traces hold steps 5"),
+        ("--steps", "9" * 40, "beyond any step number"),
+        ("--ranks", "1-" + "9" * 40, "beyond any rank number"),
+    ],
+)
+def test_a_selection_that_matches_nothing_is_an_error_listing_what_there_is(
+    tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    code, stdout, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", option, value)
+    assert code == 2 and message in stderr, stderr
+    assert "Traceback" not in stderr and stdout == ""
+
+
+def test_forty_huge_rank_ranges_are_never_expanded(tmp_path: Path) -> None:
+    import tracemalloc
+
+    ranges = ",".join(f"{i * 10**15}-{i * 10**15 + 10**14}" for i in range(40))
+    tracemalloc.start()
+    code, stdout, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json",
+                               "--ranks", ranges)  # fmt: skip
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert code == 0, stderr
+    assert [r["rank"] for r in json.loads(stdout)["ranks"]] == [0, 1]
+    assert peak < 200 << 20, peak  # the old parser built 4e15 integers (MemoryError at 2.2 GB with 40 x 1e6)
+
+
+def test_api_selections_take_digit_strings_and_refuse_what_matches_nothing(tmp_path: Path) -> None:
+    import overlapcheck
+
+    folder = job_folder(tmp_path / "job")
+    assert [r.rank for r in overlapcheck.analyze(folder, ranks=["0"], jobs=1).ranks] == [0]
+    with pytest.raises(UserError, match="hold rank"):
+        overlapcheck.analyze(folder, ranks=[99], jobs=1)
+    with pytest.raises(UserError, match="is not a rank number"):
+        overlapcheck.analyze(folder, ranks=["zero"], jobs=1)  # type: ignore[list-item]
+
+
+def test_gate_refuses_a_huge_baseline_without_reading_it(tmp_path: Path) -> None:
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    assert code == 0
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate(900 << 20)  # sparse: 900 MB that the old gate read and parsed (MemoryError at 3.9 GB)
+    code, _, stderr = cli("gate", str(tmp_path / "r.json"), "--baseline", str(huge))
+    assert code == 2 and "900 MiB, larger than 256 MiB: too big for an overlapcheck report" in stderr, stderr
+
+
+@pytest.mark.parametrize("name", ["rank0.json", "rank0.json.gz"])
+def test_gate_on_a_trace_says_to_analyze_it_first(tmp_path: Path, name: str) -> None:
+    trace = tmp_path / name
+    trace.write_bytes(gzip.compress(doc_bytes()) if name.endswith(".gz") else doc_bytes())
+    code, _, stderr = cli("gate", str(trace), "--min-overlap", "all=0.5")
+    assert code == 2 and "run `overlapcheck analyze TRACES --format json -o report.json` first" in stderr, stderr
+
+
+def test_megabyte_kernel_names_are_cut_in_every_output(tmp_path: Path) -> None:
+    huge = [kernel(name=f"k{i}" + "x" * 1_000_000, ts=100 + 50 * i, dur=5) for i in range(3)]
+    (tmp_path / "rank0.json").write_bytes(doc_bytes(good_events() + huge))
+    code, stdout, stderr = cli("analyze", str(tmp_path / "rank0.json"), "-j", "1", "--format", "json",
+                               "--html", str(tmp_path / "r.html"), "--perfetto", str(tmp_path / "p.json"))  # fmt: skip
+    assert code == 0, stderr
+    assert any("3 names longer than 1000 characters were cut" in n for n in _notes(stdout))
+    for out in (stdout.encode(), (tmp_path / "r.html").read_bytes(), (tmp_path / "p.json").read_bytes()):
+        assert len(out) < 1_000_000 and b"x" * 1001 not in out
+
+
+@pytest.mark.parametrize("origin", [2.0**62, 1e17, 1e300])
+def test_timestamps_too_large_for_float_precision_are_noted(tmp_path: Path, origin: float) -> None:
+    events = [dict(e, ts=e["ts"] + origin) if "ts" in e else e for e in good_events()]
+    (tmp_path / "rank0.json").write_bytes(doc_bytes(events))
+    code, stdout, stderr = analyze(tmp_path / "rank0.json", "--html", str(tmp_path / "r.html"))[:3]
+    assert code == 0, stderr
+    assert any("where a float64 time moves in steps of" in n for n in _notes(stdout)), _notes(stdout)
+    assert b"Infinity" not in (tmp_path / "r.html").read_bytes()
+    # real clocks (1.7e15 µs since the epoch, a 0.25 µs float step) are fine and say nothing
+    events = [dict(e, ts=e["ts"] + 1.7e15) if "ts" in e else e for e in good_events()]
+    (tmp_path / "rank0.json").write_bytes(doc_bytes(events))
+    code, stdout, _ = analyze(tmp_path / "rank0.json")[:3]
+    assert code == 0 and not any("float64" in n for n in _notes(stdout))
+
+
+# ---- round 3: what a newcomer trips on ---------------------------------------------------------------------
+
+
+def test_an_unreadable_input_is_said_once(tmp_path: Path) -> None:
+    folder = job_folder(tmp_path / "job")
+    (folder / "rank1.json").write_text("garbage")
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1")
+    assert code == 2 and "rank1.json" in stderr
+    assert "rank1.json" not in stdout  # the text report on stdout does not repeat the stderr line
+
+
+def test_off_a_terminal_tables_are_as_wide_as_they_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, stdout, _ = cli("analyze", str(SAMPLES / "seed-5201"), "-j", "1")
+    assert code == 0
+    assert "collective" in stdout and "exposed ms/step" in stdout and "collec…" not in stdout

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from overlapcheck.selection import Numbers
 
 FORMATS = click.Choice(["text", "json", "markdown"])
 
@@ -83,8 +86,8 @@ def run_report(
     jobs: int | None,
     force: bool,
     perfetto_path: str | None = None,
-    steps: frozenset[int] | None = None,
-    ranks: frozenset[int] | None = None,
+    steps: Numbers | None = None,
+    ranks: Numbers | None = None,
     network: str | None = None,
 ) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
@@ -109,11 +112,10 @@ def run_report(
     if output:
         atomic_write(output, renderer(fmt).render(report), force)
     elif fmt == "text":
-        from rich.console import Console
+        from overlapcheck.report.terminal import TerminalRenderer, stdout_console
 
-        from overlapcheck.report.terminal import TerminalRenderer
-
-        Console().print(*TerminalRenderer().renderables(report))
+        shown = TerminalRenderer(errors=False).renderables(report)  # each error goes to stderr, once (below)
+        stdout_console(shown).print(*shown)
     else:
         sys.stdout.write(str(renderer(fmt).render(report)))
     if perfetto_path:
@@ -148,23 +150,18 @@ def run_report(
         sys.exit(2)
 
 
-def parse_numbers(text: str | None, dash: str, option: str) -> frozenset[int] | None:
-    """'5:7' or '5,6' (--steps, dash ':'), '0-3,8' (--ranks, dash '-'): the numbers, ranges inclusive."""
+def parse_numbers(text: str | None, dash: str, option: str) -> Numbers | None:
+    """'5:7' or '5,6' (--steps, dash ':'), '0-3,8' (--ranks, dash '-'): the numbers, ranges inclusive, held as
+    ranges (overlapcheck/selection.py), so that no selection, however wide, is expanded in memory."""
+    from overlapcheck.errors import UserError
+    from overlapcheck.selection import parse_numbers as parse
+
     if text is None:
         return None
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition(dash)
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise click.BadParameter(f"{part!r} is not N or N{dash}M", param_hint=option) from None
-        if a < 0 or b < a or b - a > 1_000_000:
-            raise click.BadParameter(f"{part!r} is not a range of non-negative numbers", param_hint=option)
-        out.update(range(a, b + 1))
-    return frozenset(out)
+    try:
+        return parse(text, dash, option)
+    except UserError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1], param_hint=option) from None
 
 
 def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = None) -> None:

@@ -88,11 +88,11 @@ def command(
         atomic_write(path, compare_renderer(name).render(comparison), force)
     if not output:
         if fmt == "text":
-            from rich.console import Console
-
             from overlapcheck.report.compare_render import CompareTerminalRenderer
+            from overlapcheck.report.terminal import stdout_console
 
-            Console(highlight=False).print(CompareTerminalRenderer().group(comparison))
+            group = CompareTerminalRenderer().group(comparison)
+            stdout_console([group], highlight=False).print(group)
         else:
             sys.stdout.write(compare_renderer(fmt).render(comparison))
     for path, name in extra:
