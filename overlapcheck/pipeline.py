@@ -46,7 +46,7 @@ from overlapcheck.model import (
 )
 from overlapcheck.selection import MAX_NUMBER, Numbers
 from overlapcheck.trace.model import TraceModel
-from overlapcheck.trace.reader import load_trace, rank_from_name
+from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name
 
 _TRACE_FILE = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
 _NOT_TRACES = re.compile(
@@ -104,6 +104,7 @@ class Options:
     steps: Set[int] | None = None  # analyze only these ProfilerSteps (--steps; analysis/select.py)
     ranks: Set[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
     prefer_traces: bool = False  # read a rank's trace rather than its summary when both are there
+    rank_from: str | None = None  # --rank-from REGEX: each trace's rank is the number it matches in the file's path
 
 
 def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
@@ -132,7 +133,10 @@ TRACES_DIR = "traces"  # where `overlapcheck run` puts the traces of a run folde
 def _scan_folder(folder: str, found: Inputs) -> None:
     """A folder of traces, or a run folder: summaries and run.json at the top, the traces in `traces/`."""
     names = _visible(folder)
-    summaries = {int(m.group(1)): n for n in names if (m := _SUMMARY.match(n))}
+    summaries: dict[int, str] = {}
+    for n in names:
+        if (m := _SUMMARY.match(n)) and (other := summaries.setdefault(int(m.group(1)), n)) != n:
+            raise UserError(f"{other} and {n} both name rank {int(m.group(1))}: keep one", folder)
     _read_documents(folder, found)
     paths = [os.path.join(folder, n) for n in names]
     if os.path.isfile(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
@@ -142,7 +146,10 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     for path in traces:
         m = _RANK_FILE.match(os.path.basename(path))
         if m and int(m.group(1)) in summaries:
-            trace_of_rank[int(m.group(1))] = path  # the rank's own summary stands for it
+            rank = int(m.group(1))
+            if rank in trace_of_rank:
+                raise UserError(f"{trace_of_rank[rank]} and {path} are both the trace of rank {rank}: keep one")
+            trace_of_rank[rank] = path  # the rank's own summary stands for it
             continue
         found.traces.append(path)
     for rank, name in summaries.items():
@@ -208,6 +215,12 @@ def analyze_trace(
     if options.steps is not None:
         model = restrict_to_steps(model, [n for n in in_trace if n in options.steps])  # the selection is not expanded
     metrics = analyze_model(model)
+    if options.rank_from is not None:
+        rank = rank_by_pattern(path, options.rank_from)
+        if rank != metrics.rank:
+            said = f"distributedInfo.rank {metrics.rank}" if metrics.rank is not None else "no rank"
+            note = f"rank {rank} from the file's path (--rank-from); the trace says {said}"
+            metrics = dataclasses.replace(metrics, rank=rank, notes=[*metrics.notes, note])
     metrics = with_bandwidth(model, metrics, job)
     if options.steps is not None:
         metrics = dataclasses.replace(metrics, notes=[*metrics.notes, steps_note(options.steps, metrics)])
@@ -256,6 +269,26 @@ def _precision_notes(model: TraceModel) -> list[str]:
         f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: durations and "
         "gaps shorter than that are lost or rounded (is the trace's clock in µs since the epoch or boot?)"
     ]
+
+
+def compile_rank_pattern(pattern: str) -> re.Pattern[str]:
+    """The regex of --rank-from: its first group (else the whole match) must be the rank's digits."""
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise UserError(f"--rank-from {pattern[:60]!r} is not a regular expression ({exc})") from None
+
+
+def rank_by_pattern(path: str, pattern: str) -> int:
+    """The rank --rank-from reads in `path` (searched in the file name, then in the whole path)."""
+    regex = compile_rank_pattern(pattern)
+    m = regex.search(os.path.basename(path)) or regex.search(path)
+    if m is None:
+        raise UserError(f"--rank-from {pattern!r} does not match this file's path", path)
+    text = m.group(1) if regex.groups else m.group(0)
+    if not (text and text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_RANK):
+        raise UserError(f"--rank-from {pattern!r} matches {text[:40]!r}, not a rank number", path)
+    return int(text)
 
 
 def steps_note(steps: Set[int], metrics: RankMetrics) -> str:
@@ -319,7 +352,9 @@ def analyze_inputs(
     time when they are read in parallel."""
     options = options or Options()
     everything = inputs
-    inputs = select_ranks(inputs, options.ranks)
+    if options.rank_from is not None:
+        compile_rank_pattern(options.rank_from)  # a bad pattern is one error, not one per file
+    inputs = select_ranks(inputs, options.ranks, options.rank_from)
     if options.ranks is not None and not inputs.count:
         raise UserError(
             f"--ranks {format_numbers(options.ranks)} selects none of the inputs: {_ranks_held(everything)}"
@@ -388,15 +423,15 @@ def _ranks_held(inputs: Inputs) -> str:
     return held + (f" ({unnamed} file(s) whose name states none)" if unnamed and named else "")
 
 
-def select_ranks(inputs: Inputs, ranks: Set[int] | None) -> Inputs:
+def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None = None) -> Inputs:
     """`inputs` less the files of ranks not in `ranks`: by the rank in the file name (a trace whose name states
-    none is read, then kept only if its distributedInfo rank is selected)."""
+    none is read, then kept only if its distributedInfo rank is selected), or the one `rank_from` reads there."""
     if ranks is None:
         return inputs
 
     def wanted(path: str) -> bool:
         try:
-            rank = rank_from_name(path)
+            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from)
         except UserError:
             return True  # reading it reports the problem
         return rank is None or rank in ranks
@@ -420,6 +455,7 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
     """Resolve ranks, merge the findings and assemble the Report."""
     errors = [InputError(path, err) for path, _, err in outcomes if err]
     results = _resolve_ranks([r for _, rs, _ in outcomes for r in rs], errors)
+    check_one_job(results, inputs.run)
     results.sort(key=lambda r: r.metrics.rank if r.metrics.rank is not None else -1)
     results = with_topology(results, job)  # where the ranks are: intra- or inter-node collectives, their peaks
     findings, share = merge_findings(results, job) if options.diagnose else ([], None)
@@ -443,6 +479,41 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
         bandwidth=job_bandwidth(results, job),
         notes=list(job.notes) or None,
     )
+
+
+def _world(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RANK + 1 else None
+
+
+def _files(sources: list[str]) -> str:
+    names = [os.path.basename(s) for s in sorted(sources)]
+    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+
+
+def check_one_job(results: list[RankResult], run: dict[str, Any] | None) -> None:
+    """UserError unless the ranks are of one job: one world size over every trace (and run.json's, when it says
+    one), and, with several ranks, every rank below it. Each job's own analysis is what the user needs then."""
+    worlds: dict[int, list[str]] = {}
+    for r in results:
+        if (w := _world(r.metrics.world_size)) is not None:
+            worlds.setdefault(w, []).append(r.metrics.source)
+    if len(worlds) > 1:
+        parts = "; ".join(f"world size {w} in {_files(sources)}" for w, sources in sorted(worlds.items()))
+        raise UserError(f"these traces are of more than one job ({parts}): analyze each job's traces on their own")
+    stated = _world((run or {}).get("world_size"))
+    if worlds and stated is not None and stated not in worlds:
+        (w,) = worlds
+        raise UserError(f"run.json says world size {stated}, the traces say {w}: are they of the run that wrote it?")
+    world = next(iter(worlds), stated)
+    if world is None or len(results) < 2:
+        return
+    foreign = [r for r in results if r.metrics.rank is not None and r.metrics.rank >= world]
+    if foreign:
+        r = foreign[0]
+        raise UserError(
+            f"rank {r.metrics.rank} ({os.path.basename(r.metrics.source)}) is not below the job's world size "
+            f"{world}: a trace of another job? (--rank-from REGEX reads ranks from file names)"
+        )
 
 
 def _link_blames(result: RankResult, findings: list[Finding]) -> RankResult:
@@ -502,12 +573,14 @@ def analyze(
     jobs: int | None = None,
     steps: Sequence[int | str] | None = None,
     ranks: Sequence[int | str] | None = None,
+    rank_from: str | None = None,
 ) -> Report:
     """Analyze trace files and folders (or `overlapcheck run` folders) into a Report, as `overlapcheck analyze`
     does: `Report.to_dict()` is its JSON document. `ds_config` is the DeepSpeed config (a dict or a JSON
     file); by default the one found beside the traces. Bad input raises `overlapcheck.UserError`; files that
     cannot be read are listed in `Report.errors` and the other ranks are still reported. `steps` and `ranks`
-    restrict the analysis as `--steps` and `--ranks` do (docs/metrics.md, "Selected steps and ranks")."""
+    restrict the analysis as `--steps` and `--ranks` do (docs/metrics.md, "Selected steps and ranks"); `rank_from`
+    is `--rank-from`."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
@@ -519,6 +592,7 @@ def analyze(
         timelines=timelines,
         steps=_api_numbers(steps, "steps"),
         ranks=_api_numbers(ranks, "ranks"),
+        rank_from=rank_from,
     )
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs)
 

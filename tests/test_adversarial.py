@@ -852,3 +852,69 @@ def test_off_a_terminal_tables_are_as_wide_as_they_need(monkeypatch: pytest.Monk
     code, stdout, _ = cli("analyze", str(SAMPLES / "seed-5201"), "-j", "1")
     assert code == 0
     assert "collective" in stdout and "exposed ms/step" in stdout and "collec…" not in stdout
+
+
+# ---- round 3: several jobs taken for one ------------------------------------------------------------------
+
+
+def test_traces_of_two_jobs_in_one_folder_are_refused(tmp_path: Path) -> None:
+    folder = job_folder(tmp_path / "mixed")
+    for r in range(2, 4):
+        (folder / f"rank{r}.json").write_bytes(doc_bytes(rank=r, world=8))  # another job's ranks 2 and 3
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1")
+    assert code == 2 and stdout == "", stderr
+    assert (
+        "more than one job (world size 2 in rank0.json, rank1.json; world size 8 in rank2.json, rank3.json)" in stderr
+    )
+
+
+def test_a_foreign_rank_beyond_the_world_size_is_refused(tmp_path: Path) -> None:
+    folder = job_folder(tmp_path / "job")
+    (folder / "rank-x.json").write_bytes(doc_bytes(rank=5, world=8).replace(b'"world_size": 8', b'"world_size": 2'))
+    code, _, stderr = cli("analyze", str(folder), "-j", "1")
+    assert code == 2 and "rank 5 (rank-x.json) is not below the job's world size 2" in stderr, stderr
+
+
+def test_run_json_that_disagrees_with_the_traces_is_refused(tmp_path: Path) -> None:
+    folder = job_folder(tmp_path / "job")
+    (folder / "run.json").write_text(json.dumps({"world_size": 16}))
+    code, _, stderr = cli("analyze", str(folder), "-j", "1")
+    assert code == 2 and "run.json says world size 16, the traces say 2" in stderr, stderr
+
+
+def test_rank01_and_rank1_summaries_are_refused_not_one_dropped(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    job_folder(run / "traces")
+    (run / "run.json").write_text(json.dumps({"ranks": []}))
+    for name in ("rank1.summary.json", "rank01.summary.json"):
+        (run / name).write_text("{}")
+    code, _, stderr = cli("report", str(run), "-j", "1")
+    assert code == 2 and "rank01.summary.json and rank1.summary.json both name rank 1" in stderr, stderr
+
+
+def test_duplicate_ranks_by_name_are_each_an_error(tmp_path: Path) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for name in ("rank1.json", "rank01.json", "rank0.json"):
+        (folder / name).write_bytes(doc_bytes(rank=None))
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json")
+    assert code == 2 and "rank 1 is claimed by several files" in stderr
+    assert [r["rank"] for r in json.loads(stdout)["ranks"]] == [0]
+
+
+def test_rank_from_names_ranks_the_reader_cannot_place(tmp_path: Path) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for gpu in (0, 1):  # both traces say rank 0 (a launcher that never set RANK)
+        (folder / f"host-a.gpu{gpu}.json").write_bytes(doc_bytes(rank=0, world=2))
+    code, _, stderr = cli("analyze", str(folder), "-j", "1")
+    assert code == 2 and "claimed by several files" in stderr
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json", "--rank-from", r"gpu(\d+)")
+    assert code == 0, stderr
+    ranks = json.loads(stdout)["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert any("rank 1 from the file's path (--rank-from)" in n for n in ranks[1]["notes"])
+    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"gpu(\d+")
+    assert code == 2 and "not a regular expression" in stderr and len(stderr.splitlines()) == 1
+    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"node(\d+)")
+    assert code == 2 and "does not match" in stderr

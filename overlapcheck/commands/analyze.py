@@ -48,6 +48,12 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 callback=lambda ctx, param, value: parse_numbers(value, "-", "--ranks"),
                 help="Analyze only these ranks, e.g. 0-3,8: other ranks' files are not read.",
             ),
+            click.option(
+                "--rank-from",
+                metavar="REGEX",
+                help="Read each trace's rank from its file name (else its path) instead of distributedInfo: the "
+                r"first group of REGEX, e.g. 'node\d+-gpu(\d+)' or 'worker_(\d+)'.",
+            ),
             click.option("--ds-config", metavar="FILE", help="The DeepSpeed config the job used."),
             click.option(
                 "--network",
@@ -89,6 +95,7 @@ def run_report(
     steps: Numbers | None = None,
     ranks: Numbers | None = None,
     network: str | None = None,
+    rank_from: str | None = None,
 ) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
     from overlapcheck import pipeline
@@ -104,7 +111,11 @@ def run_report(
     config = pipeline.read_ds_config(ds_config) if ds_config else None
     job = pipeline.job_context(inputs, config, stated)
     options = pipeline.Options(
-        timelines=bool(html_path or perfetto_path), steps=steps, ranks=ranks, prefer_traces=bool(perfetto_path)
+        timelines=bool(html_path or perfetto_path),
+        steps=steps,
+        ranks=ranks,
+        prefer_traces=bool(perfetto_path),
+        rank_from=rank_from,
     )
     if perfetto_path and any(s.trace is not None for s in inputs.summaries):
         click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
