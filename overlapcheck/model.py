@@ -207,6 +207,14 @@ class RankMetrics:
     outside_steps: OutsideSteps | None = None
     bandwidth: dict[str, KindBandwidth] = field(default_factory=dict)  # per collective kind with a known size
 
+    def __repr__(self) -> str:  # the whole rank is kilobytes of steps and streams: a notebook shows this line
+        overlap = self.overlap()
+        shown = f"{overlap:.1%}" if overlap is not None else "n/a"
+        return (
+            f"RankMetrics(rank={self.rank}, overlap={shown}, steps={len(self.steps)}, "
+            f"step_time_us={self.step_time_us:.6g}, source={self.source!r})"
+        )
+
     def overlap(self, kind: str = ALL) -> float | None:
         return self.collectives[kind].overlap if kind in self.collectives else None
 
@@ -429,6 +437,13 @@ class Report:
             return report
         except _Shape as exc:
             raise ReportFormatError(f"malformed report: {exc}", source) from None
+
+    def __repr__(self) -> str:  # the whole report is hundreds of kilobytes: a notebook shows this line
+        return (
+            f"<Report {self.schema}: {len(self.ranks)} ranks, {len(self.findings)} findings, "
+            f"{len(self.errors)} errors; .to_dict(), .dataframe('ranks' | 'collectives' | 'steps' | 'phases' | "
+            "'findings')>"
+        )
 
     def rank(self, number: int) -> RankMetrics | None:
         return next((r for r in self.ranks if r.rank == number), None)

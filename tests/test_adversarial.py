@@ -918,3 +918,43 @@ def test_rank_from_names_ranks_the_reader_cannot_place(tmp_path: Path) -> None:
     assert code == 2 and "not a regular expression" in stderr and len(stderr.splitlines()) == 1
     code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"node(\d+)")
     assert code == 2 and "does not match" in stderr
+
+
+def test_run_without_the_double_dash_says_where_it_goes() -> None:
+    code, stdout, stderr = cli("run", "deepspeed", "train.py", "--deepspeed", "ds.json")
+    assert code == 2 and "No such option" not in stdout + stderr
+    assert "put `--` before the command to run: overlapcheck run -- deepspeed train.py" in stdout + stderr
+
+
+def test_analyze_format_html_is_the_page(tmp_path: Path) -> None:
+    code, stdout, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "html")
+    assert code == 0, stderr
+    assert stdout.lstrip().lower().startswith("<!doctype html") and "oc-config" in stdout
+
+
+def test_a_notebook_sees_short_reprs_dir_and_no_float_noise() -> None:
+    import dataclasses
+
+    import overlapcheck
+
+    assert "analyze" in dir(overlapcheck) and "Report" in dir(overlapcheck)
+    report = overlapcheck.analyze(SAMPLES / "no-prefetch", jobs=1)
+    assert len(repr(report)) < 300 and "2 ranks" in repr(report)
+    assert len(repr(report.ranks[0])) < 300
+
+    def tiny(value: Any) -> list[float]:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return [x for f in dataclasses.fields(value) for x in tiny(getattr(value, f.name))]
+        if isinstance(value, dict):
+            return [x for v in value.values() for x in tiny(v)]
+        if isinstance(value, list):
+            return [x for v in value for x in tiny(v)]
+        return [value] if isinstance(value, float) and 0 < abs(value) < 1e-6 else []
+
+    assert tiny(report.ranks) == []  # was overlapped_us=2.3e-10 where nothing overlaps
+
+
+def test_every_command_shows_examples_in_its_help() -> None:
+    for name in ("analyze", "report", "gate", "compare", "simulate", "run"):
+        code, stdout, _ = cli(name, "--help")
+        assert code == 0 and f"overlapcheck {name}" in stdout.split("Options:")[0].split("\n", 1)[1], name

@@ -11,7 +11,7 @@ import click
 if TYPE_CHECKING:
     from overlapcheck.selection import Numbers
 
-FORMATS = click.Choice(["text", "json", "markdown"])
+FORMATS = click.Choice(["text", "json", "markdown", "html"])  # as `compare --format`
 
 
 def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -24,7 +24,8 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 type=FORMATS,
                 default="text",
                 show_default=True,
-                help="Terminal text, the JSON report document (docs/report-schema.md), or Markdown.",
+                help="Terminal text, the JSON report document (docs/report-schema.md), Markdown, or the HTML page "
+                "(as --html writes it).",
             ),
             click.option("-o", "--output", metavar="FILE", help="Write the report to FILE."),
             click.option("--html", "html_path", metavar="FILE", help="Also write a self-contained HTML report."),
@@ -79,6 +80,13 @@ def command(paths: tuple[str, ...], **options: Any) -> None:
 
     PATHS are trace files (.json, .json.gz) or folders of per-rank traces (or `overlapcheck run` folders).
     Exit code 0 when every input was read, 2 when an input could not be read (the others are still reported).
+
+    \b
+    Examples:
+      overlapcheck analyze traces/
+      overlapcheck analyze traces/ --ds-config ds.json --html report.html
+      overlapcheck analyze traces/ --format json -o report.json --steps 5:7 --ranks 0-7
+      overlapcheck analyze traces/ --rank-from 'gpu([0-9]+)' --network 4x200Gbps
     """
     run_report(list(paths), **options)
 
@@ -111,7 +119,7 @@ def run_report(
     config = pipeline.read_ds_config(ds_config) if ds_config else None
     job = pipeline.job_context(inputs, config, stated)
     options = pipeline.Options(
-        timelines=bool(html_path or perfetto_path),
+        timelines=bool(html_path or perfetto_path or fmt == "html"),
         steps=steps,
         ranks=ranks,
         prefer_traces=bool(perfetto_path),

@@ -73,6 +73,11 @@ def command(
 
     BEFORE and AFTER are each a folder of per-rank traces, an `overlapcheck run` folder, or a JSON report
     (`analyze --format json`). Exit code 0; 2 on bad input.
+
+    \b
+    Examples:
+      overlapcheck compare runs/before runs/after
+      overlapcheck compare before.json after.json --format markdown -o pr-comment.md
     """
     from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.fsutil import atomic_write

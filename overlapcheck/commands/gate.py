@@ -83,7 +83,14 @@ def command(
     markdown_path: str | None,
     force: bool,
 ) -> None:
-    """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline."""
+    """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline.
+
+    \b
+    Examples:
+      overlapcheck analyze traces/ --format json -o report.json
+      overlapcheck gate report.json --min-overlap all=80% --max-exposed-share 0.1
+      overlapcheck gate report.json --baseline base.json --junit gate.xml
+    """
     from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.junit import render_junit
