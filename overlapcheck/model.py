@@ -431,9 +431,12 @@ class Report:
             )
         try:
             report: Report = _from_plain(cls, doc, "")
+            first: dict[int, int] = {}
             for i, r in enumerate(report.ranks):
                 if r.rank is None:
                     raise _Shape(f"ranks[{i}].rank is not an integer")
+                if (j := first.setdefault(r.rank, i)) != i:  # two jobs' reports pasted together, or one rank twice
+                    raise _Shape(f"ranks[{i}] and ranks[{j}] are both rank {r.rank}")
             return report
         except _Shape as exc:
             raise ReportFormatError(f"malformed report: {exc}", source) from None

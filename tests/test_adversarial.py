@@ -958,3 +958,24 @@ def test_every_command_shows_examples_in_its_help() -> None:
     for name in ("analyze", "report", "gate", "compare", "simulate", "run"):
         code, stdout, _ = cli(name, "--help")
         assert code == 0 and f"overlapcheck {name}" in stdout.split("Options:")[0].split("\n", 1)[1], name
+
+
+def test_a_report_with_one_rank_twice_is_refused_by_gate_and_compare(tmp_path: Path) -> None:
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    doc = json.loads((tmp_path / "r.json").read_text())
+    doc["ranks"][1]["rank"] = 0
+    (tmp_path / "twice.json").write_text(json.dumps(doc))
+    code, _, stderr = cli("gate", str(tmp_path / "twice.json"), "--min-overlap", "all=0.1")
+    assert code == 2 and "ranks[1] and ranks[0] are both rank 0" in stderr, stderr
+    code, _, stderr = cli("compare", str(tmp_path / "r.json"), str(tmp_path / "twice.json"))
+    assert code == 2 and "are both rank 0" in stderr, stderr
+
+
+def test_markdown_carries_each_findings_explanation() -> None:
+    from builders import make_finding, make_report
+
+    from overlapcheck.report import renderer
+
+    report = make_report(2, findings=[make_finding(why="every gradient fits in one bucket")])
+    assert "   - why: every gradient fits in one bucket" in str(renderer("markdown").render(report))

@@ -68,6 +68,8 @@ class MarkdownRenderer:
                     f"{i}. **[{f.severity}] {cell(f.title)}** (`{code(f.rule)}`, {P.ms(f.cost_us)} ms/step, "
                     f"ranks {P.rank_ranges(f.ranks)})"
                 )
+                if f.why:
+                    lines.append(f"   - why: {cell(f.why)}")  # the explanation the terminal and HTML give
                 lines += [f"   - fix: `{code(line)}`" for line in P.fix_lines(f.fix)]
             if line := P.folded_line(folded):
                 lines += ["", cell(line[0].upper() + line[1:]) + "."]
