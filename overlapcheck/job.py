@@ -298,6 +298,6 @@ def _dict(value: object) -> dict[str, Any]:
 def _parameters(doc: dict[str, Any]) -> int | None:
     for key in ("params", "parameters"):
         value = doc.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_CONFIG_NUMBER:
+            return value  # a count beyond 1e15 parameters is no model's, and sizes computed from it overflow
     return None

@@ -237,7 +237,7 @@ def analyze_trace(
     return RankResult(metrics, findings, signature, timeline, blames, trace_steps=in_trace)
 
 
-MAX_NAME = 1000  # characters of a kernel / op name that reach the outputs (a 1 MB name made a 200 MB page)
+MAX_NAME = 8192  # characters of a name in the outputs (a 1 MB name made a 200 MB page; C++ templates reach 5,000)
 FINE_US = 1.0  # a timestamp's float step (µs) from which sub-µs durations are lost
 
 
