@@ -11,11 +11,13 @@ The parent only merges small objects, so memory stays per file and ranks use eve
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import operator
 import os
 import re
 import zlib
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
@@ -571,8 +573,8 @@ def analyze(
     diagnose: bool = True,
     timelines: bool = False,
     jobs: int | None = None,
-    steps: Sequence[int | str] | None = None,
-    ranks: Sequence[int | str] | None = None,
+    steps: Iterable[int | str] | None = None,
+    ranks: Iterable[int | str] | None = None,
     rank_from: str | None = None,
 ) -> Report:
     """Analyze trace files and folders (or `overlapcheck run` folders) into a Report, as `overlapcheck analyze`
@@ -597,19 +599,23 @@ def analyze(
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs)
 
 
-def _api_numbers(values: Sequence[int | str] | None, what: str) -> Numbers | None:
+def _api_numbers(values: Iterable[int | str] | None, what: str) -> Numbers | None:
     """`steps` / `ranks` of the API: whole numbers, or strings of digits ('0'), as --steps / --ranks take them."""
     if values is None:
         return None
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence | Set):
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise UserError(f"{what} must be a list of numbers, such as [0, 1], not {type(values).__name__}")
     out: list[int] = []
     for v in values:
+        number: int | None = None
         if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit() and len(v.strip()) <= 19:
-            v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_NUMBER:
+            number = int(v)
+        elif not isinstance(v, bool | str | bytes):
+            with contextlib.suppress(TypeError):
+                number = operator.index(v)  # int, numpy integers
+        if number is None or not 0 <= number <= MAX_NUMBER:
             raise UserError(f"{what}: {str(v)[:40]!r} is not a {what[:-1]} number (a whole number >= 0)")
-        out.append(v)
+        out.append(number)
     return Numbers.of(out)
 
 

@@ -781,10 +781,13 @@ def test_forty_huge_rank_ranges_are_never_expanded(tmp_path: Path) -> None:
 
 
 def test_api_selections_take_digit_strings_and_refuse_what_matches_nothing(tmp_path: Path) -> None:
+    import numpy as np
+
     import overlapcheck
 
     folder = job_folder(tmp_path / "job")
     assert [r.rank for r in overlapcheck.analyze(folder, ranks=["0"], jobs=1).ranks] == [0]
+    assert [r.rank for r in overlapcheck.analyze(folder, ranks=np.array([1]), jobs=1).ranks] == [1]
     with pytest.raises(UserError, match="hold rank"):
         overlapcheck.analyze(folder, ranks=[99], jobs=1)
     with pytest.raises(UserError, match="is not a rank number"):
