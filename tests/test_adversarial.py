@@ -993,3 +993,11 @@ def test_model_json_parameter_counts_beyond_reason_are_unknown(tmp_path: Path, p
     (folder / "model.json").write_text(json.dumps({"parameters": parameters}))
     code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json")
     assert code == 0, stderr
+
+
+def test_compare_says_first_when_the_runs_are_not_like_for_like(tmp_path: Path) -> None:
+    code, stdout, stderr = cli("compare", str(job_folder(tmp_path / "a", world=2)),
+                               str(job_folder(tmp_path / "b", world=4)), "--format", "json")  # fmt: skip
+    assert code == 0, stderr
+    verdict = json.loads(stdout)["verdict"]
+    assert verdict.startswith("Not like for like: before ran on 2 ranks, after on 4"), verdict
