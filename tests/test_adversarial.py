@@ -1001,3 +1001,29 @@ def test_compare_says_first_when_the_runs_are_not_like_for_like(tmp_path: Path) 
     assert code == 0, stderr
     verdict = json.loads(stdout)["verdict"]
     assert verdict.startswith("Not like for like: before ran on 2 ranks, after on 4"), verdict
+
+
+def test_every_output_folds_the_same_findings_by_cost_not_position() -> None:
+    """seed-5201: the 10.41 ms/step allgather-transfer-bound comes after two sub-0.1 % findings in report order;
+    the HTML page showed those as cards and folded it (and its nav counted 5 findings where the verdict said 3)."""
+    from builders import make_finding, make_report
+
+    from overlapcheck.report import present as P
+    from overlapcheck.report import renderer
+
+    findings = [
+        make_finding(rule="reduce-scatter-deferred", cost_us=25_000.0),
+        make_finding(rule="cross-stream-wait", cost_us=0.5),
+        make_finding(rule="host-sync", cost_us=0.4),
+        make_finding(rule="allgather-transfer-bound", cost_us=10_000.0),
+    ]
+    report = make_report(2, findings=findings)
+    shown, folded = P.costly_indices(report)
+    assert (shown, folded) == ([0, 3], [1, 2])
+    page = str(renderer("html").render(report))
+    cards = page.split('<section id="findings"', 1)[1].split('class="folded"', 1)[0]
+    assert "allgather-transfer-bound" in cards and "cross-stream-wait" not in cards
+    assert "Also seen, no measurable cost (2)" in page and 'Findings <span class="count">2<' in page
+    for name in ("text", "markdown"):
+        out = str(renderer(name).render(report))
+        assert "no measurable cost: cross-stream-wait, host-sync" in out.replace("\n", " "), name

@@ -430,10 +430,17 @@ NO_COST_US = 1.0
 def costly(report: Report) -> tuple[list[Finding], list[Finding]]:
     """The findings that cost something measurable, and those that do not ("also seen, no measurable cost":
     folded in the terminal, the Markdown and the HTML; the JSON keeps every finding). Both in report order."""
+    shown, folded = costly_indices(report)
+    return [report.findings[i] for i in shown], [report.findings[i] for i in folded]
+
+
+def costly_indices(report: Report) -> tuple[list[int], list[int]]:
+    """`costly` as indices into `report.findings` (what the HTML page's anchors and timeline links use): one
+    folding rule, by cost and never by position, for every output."""
     step = median(mean_step_us(r) for r in report.ranks if r.collectives[ALL].count) or 0.0
     floor = max(NO_COST_US, NO_COST_SHARE * step)
-    shown = [f for f in report.findings if f.cost_us >= floor]
-    return shown, [f for f in report.findings if f.cost_us < floor]
+    shown = [i for i, f in enumerate(report.findings) if f.cost_us >= floor]
+    return shown, [i for i, f in enumerate(report.findings) if not f.cost_us >= floor]
 
 
 def folded_line(findings: Sequence[Finding]) -> str | None:
