@@ -1027,3 +1027,20 @@ def test_every_output_folds_the_same_findings_by_cost_not_position() -> None:
     for name in ("text", "markdown"):
         out = str(renderer(name).render(report))
         assert "no measurable cost: cross-stream-wait, host-sync" in out.replace("\n", " "), name
+
+
+def test_perfetto_numbers_findings_as_the_terminal_and_names_the_exposed_collectives(tmp_path: Path) -> None:
+    import gzip as gz
+
+    code, stdout, stderr = cli("analyze", str(SAMPLES / "seed-5201"), "-j", "2", "--ranks", "0-1",
+                               "--perfetto", str(tmp_path / "p.json.gz"))  # fmt: skip
+    assert code == 0, stderr
+    doc = json.loads(gz.decompress((tmp_path / "p.json.gz").read_bytes()))
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    tracks = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    # the terminal lists "3. [info] Prefetched all-gathers take longer ..." (it is 5th in the JSON's order)
+    assert "3. [info] Prefetched all-gathers" in stdout.replace("\n", " ")
+    assert any(t.startswith("finding 3: Prefetched all-gathers") for t in tracks), sorted(tracks)
+    exposed = [e for e in events if e.get("cat") == "exposed"]
+    assert exposed and all(e["args"]["collectives"] for e in exposed if e.get("args"))
+    assert {"reduce_scatter", "all_gather"} <= {k for e in exposed for k in e.get("args", {}).get("collectives", [])}

@@ -82,14 +82,14 @@ def test_perfetto_file_parses_has_every_rank_and_exposed_adds_up(seed_report, tm
     # findings: slices on the steps where they occur, with title, cost and fix
     found = [e for e in _events(doc) if e["cat"].startswith("finding:")]
     assert {e["args"]["title"] for e in found} == {f.title for f in report.findings}
-    top = next(e for e in found if e["args"]["finding"] == 1)
+    top = next(e for e in found if e["args"]["finding_index"] == 0)
     assert top["args"]["cost_us"] == report.findings[0].cost_us
     assert "reduce_bucket_size" in top["args"]["fix"]
     # the blamed host events point at their findings
     blamed = [e for e in _events(doc) if e["cat"].startswith("blame:")]
     assert {e["cat"] for e in blamed} >= {"blame:sync", "blame:wait"}
     assert all(
-        report.findings[e["args"]["finding"] - 1].rule == e["args"]["rule"] for e in blamed if "finding" in e["args"]
+        report.findings[e["args"]["finding_index"]].rule == e["args"]["rule"] for e in blamed if "finding" in e["args"]
     )
     # the plain .json form is the same document
     plain = PerfettoRenderer.for_path("x.json").render(report)

@@ -108,6 +108,7 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
         "n_costly": n_costly,
         "shown_findings": shown,  # indices into findings, in report order: cards
         "folded_findings": folded,  # no measurable cost: folded (whatever their position)
+        "finding_numbers": P.finding_numbers(report),  # as the terminal and the Perfetto tracks number them
         "combined_patch": _pretty(patch) if (patch := P.combined_patch(report.findings)) else None,
         "explain_share": _num(report.findings_explain_share),
         "errors": [{"source": e.source, "error": e.error} for e in report.errors],

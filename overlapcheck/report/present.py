@@ -443,6 +443,16 @@ def costly_indices(report: Report) -> tuple[list[int], list[int]]:
     return shown, [i for i, f in enumerate(report.findings) if not f.cost_us >= floor]
 
 
+def finding_numbers(report: Report) -> list[int]:
+    """The number each finding (by index into `report.findings`) is shown with, the same in every output: the
+    costly ones 1..k in report order, as the terminal and Markdown list them, then the folded ones k+1..n."""
+    shown, folded = costly_indices(report)
+    numbers = [0] * len(report.findings)
+    for n, i in enumerate([*shown, *folded], 1):
+        numbers[i] = n
+    return numbers
+
+
 def folded_line(findings: Sequence[Finding]) -> str | None:
     """'also seen, no measurable cost: host-sync (2), epilogue-sync' for the folded findings."""
     if not findings:
