@@ -17,6 +17,7 @@ out. Each is said in `JobContext.notes` (the report's `notes`), naming the key.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -206,7 +207,7 @@ def _shown(value: object) -> str:
     elif isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, str):
-        text = '"' + value + '"'
+        text = json.dumps(value[:60], ensure_ascii=False)  # control characters escaped
     elif isinstance(value, list):
         text = "a list"
     elif isinstance(value, dict):
