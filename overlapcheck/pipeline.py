@@ -287,7 +287,7 @@ def rank_by_pattern(path: str, pattern: str) -> int:
     m = regex.search(os.path.basename(path)) or regex.search(path)
     if m is None:
         raise UserError(f"--rank-from {pattern!r} does not match this file's path", path)
-    text = m.group(1) if regex.groups else m.group(0)
+    text = (m.group(1) if regex.groups else m.group(0)) or ""  # an optional group may match nothing
     if not (text and text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_RANK):
         raise UserError(f"--rank-from {pattern!r} matches {text[:40]!r}, not a rank number", path)
     return int(text)

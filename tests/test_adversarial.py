@@ -921,6 +921,8 @@ def test_rank_from_names_ranks_the_reader_cannot_place(tmp_path: Path) -> None:
     assert code == 2 and "not a regular expression" in stderr and len(stderr.splitlines()) == 1
     code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"node(\d+)")
     assert code == 2 and "does not match" in stderr
+    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"host-(x)?")  # the group matches nothing
+    assert code == 2 and "not a rank number" in stderr
 
 
 def test_run_without_the_double_dash_says_where_it_goes() -> None:
