@@ -59,9 +59,19 @@ def _summaries(code: Path, env: dict[str, str], dest: Path) -> dict[str, list[st
             rank = trace.name.split(".")[0]
             args = ["--trace", str(trace), "--out", str(folder / f"{rank}.summary.json")]
             args += ["--status", str(dest / f"{name}-{rank}.status.json")]
-            subprocess.run([sys.executable, "-m", "overlapcheck.capture.summary", *args], env=env, check=True)
+            subprocess.run([*_python_m(code, "overlapcheck.capture.summary"), *args], env=env, check=True)
         out[f"summaries/{name}"] = [str(folder)]
     return out
+
+
+def _python_m(code: Path, module: str) -> list[str]:
+    """`python -m MODULE` importing overlapcheck from `code`: `-m` puts the current folder (the repository root,
+    the working tree) before PYTHONPATH on sys.path, so PYTHONPATH alone would run the working tree's code twice."""
+    boot = (
+        "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-c", boot, str(code), module]
 
 
 def write_reports(code: Path, dest: Path) -> dict[str, int]:
@@ -71,7 +81,7 @@ def write_reports(code: Path, dest: Path) -> dict[str, int]:
     codes = {}
     for name, paths in {**inputs(), **_summaries(code, env, dest / "work")}.items():
         target = dest / (name.replace("/", "__") + ".json")
-        cmd = [sys.executable, "-m", "overlapcheck", "analyze", *paths, "--format", "json", "-o", str(target)]
+        cmd = [*_python_m(code, "overlapcheck"), "analyze", *paths, "--format", "json", "-o", str(target)]
         proc = subprocess.run([*cmd, "--force"], cwd=ROOT, env=env, capture_output=True, text=True)
         codes[name] = proc.returncode
         if not target.exists():

@@ -29,6 +29,11 @@ _LAZY = {
 }
 
 
+def __dir__() -> list[str]:
+    """The lazy names too, so that `dir(overlapcheck)` and tab completion show `analyze`."""
+    return sorted({*globals(), *_LAZY})
+
+
 def __getattr__(name: str) -> Any:
     """The API is imported on first use, so that `import overlapcheck` (and the CLI's start-up) stays light."""
     if name in _LAZY:

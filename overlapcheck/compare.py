@@ -455,7 +455,14 @@ def compare(
         ranks=rank_deltas,
         findings=_match_findings(before, after, distinct_by),
     )
-    return dataclasses.replace(result, verdict=verdict_line(result))
+    verdict = verdict_line(result)
+    if b_world is not None and a_world is not None and b_world != a_world:
+        # said first: a world-size change moves every per-step number, whatever the change under test did
+        verdict = (
+            f"Not like for like: {labels[0]} ran on {b_world} ranks, {labels[1]} on {a_world} (another job?), so "
+            f"step times and exposure differ for that alone. {verdict}"
+        )
+    return dataclasses.replace(result, verdict=verdict)
 
 
 def _world_size(report: Report) -> int | None:

@@ -97,6 +97,11 @@ def file_size(path: str | os.PathLike[str]) -> int:
 def read_bytes(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_JSON_BYTES) -> bytes:
     """The whole content of a small regular file, at most `max_bytes` (UserError beyond, without reading more)."""
     with open_input(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:  # refused before reading a byte: a 900 MB document would take gigabytes to parse
+            raise UserError(
+                f"{_size_text(size)}, larger than {_size_text(max_bytes)}: too big for {what}", os.fspath(path)
+            )
         try:
             data = f.read(max_bytes + 1)
         except OSError as exc:

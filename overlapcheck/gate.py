@@ -75,7 +75,8 @@ class GateConfig:
 # ----------------------------------------------------------------------------------------------- input
 
 
-MAX_REPORT_BYTES = 1 << 30  # a report larger than this is not one overlapcheck wrote
+# far above a report of thousands of ranks (~30 KB each); parsing one this size takes about 4x in memory
+MAX_REPORT_BYTES = 256 << 20
 
 
 def load_report(path: str) -> Report:
@@ -86,12 +87,17 @@ def load_report(path: str) -> Report:
 def read_report(path: str) -> tuple[Report, bytes]:
     """The validated Report of a JSON file, and the file's bytes."""
     raw = read_bytes(path, "an overlapcheck report", MAX_REPORT_BYTES)
+    first = "run `overlapcheck analyze TRACES --format json -o report.json` first and give that report"
+    if raw[:2] == b"\x1f\x8b":
+        raise UserError(f"a gzip file (a trace?), not an overlapcheck report: {first}", path)
     try:
         doc = json.loads(raw)
     except RecursionError:
         raise UserError("not an overlapcheck report: JSON nested too deeply", path) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"not JSON ({exc})".splitlines()[0], path) from None
+    if isinstance(doc, list) or (isinstance(doc, dict) and "schema" not in doc and "traceEvents" in doc):
+        raise UserError(f"a trace, not an overlapcheck report: {first}", path)
     return Report.from_dict(doc, path), raw
 
 

@@ -7,10 +7,18 @@ knows where each fact comes from:
 - model facts: `model.json` beside the traces (`{"parameters": N}`);
 - the simulator's job description, kept in its `ds_config.json` under `_overlapcheck_job` and
   `_overlapcheck_model` (taken out of the config the rules see).
+
+The config the rules see is *sanitized* here, once (`sanitize_config`): every key a rule reads has the type
+DeepSpeed gives it, or is absent. `"auto"` (what the Hugging Face Trainer writes, resolved only at run time) is
+taken from the engine-resolved config in `run.json` when it has the key, else left out; a value of the wrong
+type (a list, a string, NaN, Infinity, a bool where a number is meant, a number beyond any real size) is left
+out. Each is said in `JobContext.notes` (the report's `notes`), naming the key.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +85,7 @@ class JobContext:
     env: dict[str, Any] | None = None  # the job's environment variables, when recorded
     deepspeed_version: str | None = None
     network: Network | None = None  # `--network`: the node's inter-node links, as the user states them
+    notes: tuple[str, ...] = ()  # what was left out of or resolved in the config (the report's `notes`)
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -107,12 +116,15 @@ class JobContext:
         """The context from the documents as read (any may be None or of the wrong shape)."""
         config = ds_config if isinstance(ds_config, dict) else None
         run = run if isinstance(run, dict) else None
-        if config is None and run is not None and isinstance(run.get("ds_config"), dict):
-            config = run["ds_config"]
+        resolved = _dict((run or {}).get("ds_config"))  # the config as the engine resolved it (`overlapcheck run`)
+        if config is None and resolved:
+            config = resolved
         job = _dict((config or {}).get(SIMULATOR_JOB_KEY))
         sim_model = _dict((config or {}).get(SIMULATOR_MODEL_KEY))
+        notes: list[str] = []
         if config is not None:
             config = {k: v for k, v in config.items() if k not in (SIMULATOR_JOB_KEY, SIMULATOR_MODEL_KEY)}
+            config, notes = sanitize_config(config, resolved if resolved is not config else None)
         params, source = _parameters(sim_model), "config"
         if params is None:
             params, source = _parameters(_dict(model)), "model.json"
@@ -129,7 +141,155 @@ class JobContext:
             env=env if isinstance(env, dict) else None,
             deepspeed_version=version if isinstance(version, str) else None,
             network=network,
+            notes=tuple(notes),
         )
+
+
+# the ds_config keys the rules read (diagnose/finding.py config_value), by the type DeepSpeed gives them; the
+# objects they sit in must be objects. A size is a non-negative number no larger than MAX_CONFIG_NUMBER.
+_OBJECTS = (
+    "zero_optimization",
+    "zero_optimization.offload_optimizer",
+    "zero_optimization.offload_param",
+    "comms_logger",
+    "timers",
+    "timers.throughput",
+    "bf16",
+    "fp16",
+)
+_NUMBERS = (
+    "train_micro_batch_size_per_gpu",
+    "train_batch_size",
+    "gradient_accumulation_steps",
+    "zero_optimization.stage",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.allgather_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.param_persistence_threshold",
+    "zero_optimization.stage3_max_live_parameters",
+    "zero_optimization.max_live_parameters",
+    "zero_optimization.stage3_max_reuse_distance",
+    "zero_optimization.max_reuse_distance",
+    "zero_optimization.zero_hpz_partition_size",
+    "zero_optimization.sub_group_size",
+)
+_BOOLS = (
+    "zero_optimization.overlap_comm",
+    "zero_optimization.contiguous_gradients",
+    "zero_optimization.reduce_scatter",
+    "zero_optimization.zero_quantized_weights",
+    "zero_optimization.zero_quantized_gradients",
+    "zero_optimization.log_trace_cache_warnings",
+    "zero_optimization.offload_optimizer.pin_memory",
+    "zero_optimization.offload_param.pin_memory",
+    "comms_logger.enabled",
+    "timers.throughput.enabled",
+    "timers.throughput.synchronized",
+    "bf16.enabled",
+    "fp16.enabled",
+)
+_STRINGS = (
+    "communication_data_type",
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_param.device",
+)
+MAX_CONFIG_NUMBER = 1e15  # far beyond any bucket, batch or parameter count; sizes computed from it stay finite
+AUTO = "auto"
+
+
+def _shown(value: object) -> str:
+    """A config value as a note shows it: JSON-like and short."""
+    text = "NaN" if isinstance(value, float) and math.isnan(value) else repr(value)
+    if isinstance(value, float) and math.isinf(value):
+        text = "Infinity" if value > 0 else "-Infinity"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = json.dumps(value[:60], ensure_ascii=False)  # control characters escaped
+    elif isinstance(value, list):
+        text = "a list"
+    elif isinstance(value, dict):
+        text = "an object"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _problem(key: str, value: object) -> str | None:
+    """Why `value` cannot stand at `key` (None when it can)."""
+    if key in _OBJECTS:
+        return None if isinstance(value, dict) else "not an object"
+    if key in _BOOLS:
+        return None if isinstance(value, bool) else "not true or false"
+    if key in _STRINGS:
+        return None if isinstance(value, str) else "not a string"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "not a number"
+    if not math.isfinite(value):
+        return "not a finite number"
+    if value < 0:
+        return "negative"
+    if value > MAX_CONFIG_NUMBER:
+        return f"larger than {MAX_CONFIG_NUMBER:.0e}"
+    return None
+
+
+def _lookup(config: dict[str, Any] | None, key: str) -> tuple[bool, Any]:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def sanitize_config(config: dict[str, Any], resolved: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """`config` with every key the rules read of the right type (others left out), and the notes that say what was
+    left out or resolved. `"auto"` takes the value of `resolved` (run.json's engine-resolved config) where that
+    has a good one. The input is not changed; the result shares what needs no change."""
+    notes: list[str] = []
+    auto_left: list[str] = []
+    clean = dict(config)
+
+    def parent(key: str) -> dict[str, Any] | None:
+        """The (copied, so writable) object holding `key` in `clean`, None when there is none."""
+        node = clean
+        for part in key.split(".")[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                return None
+            child = dict(child)
+            node[part] = child
+            node = child
+        return node
+
+    for key in (*_OBJECTS, *_NUMBERS, *_BOOLS, *_STRINGS):  # objects first: a bad one takes its keys with it
+        found, value = _lookup(clean, key)
+        if not found or value is None:
+            continue
+        holder = parent(key)
+        if holder is None:
+            continue
+        name = key.rsplit(".", 1)[-1]
+        if value == AUTO and key not in _STRINGS:
+            has, good = _lookup(resolved, key)
+            if has and good != AUTO and _problem(key, good) is None:
+                holder[name] = good
+                notes.append(f'ds_config {key} is "auto": {_shown(good)} from run.json (as the engine resolved it)')
+            else:
+                del holder[name]
+                auto_left.append(key)
+            continue
+        if (why := _problem(key, value)) is not None:
+            del holder[name]
+            notes.append(f"ds_config {key} = {_shown(value)} is {why}: ignored (the diagnosis treats it as unset)")
+    if auto_left:
+        verb = "is" if len(auto_left) == 1 else "are"
+        notes.append(
+            f'ds_config {", ".join(auto_left)} {verb} "auto" (the Hugging Face Trainer resolves "auto" at run '
+            "time, and no run.json says to what): treated as unset"
+        )
+    return clean, notes
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -139,6 +299,6 @@ def _dict(value: object) -> dict[str, Any]:
 def _parameters(doc: dict[str, Any]) -> int | None:
     for key in ("params", "parameters"):
         value = doc.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_CONFIG_NUMBER:
+            return value  # a count beyond 1e15 parameters is no model's, and sizes computed from it overflow
     return None

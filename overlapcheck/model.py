@@ -210,6 +210,14 @@ class RankMetrics:
     # its Collective name, nccl:* / c10d::* / gloo:* op) or "kernel name" (the fallback; trace/launch.py)
     kind_from: dict[str, int] = field(default_factory=dict)
 
+    def __repr__(self) -> str:  # the whole rank is kilobytes of steps and streams: a notebook shows this line
+        overlap = self.overlap()
+        shown = f"{overlap:.1%}" if overlap is not None else "n/a"
+        return (
+            f"RankMetrics(rank={self.rank}, overlap={shown}, steps={len(self.steps)}, "
+            f"step_time_us={self.step_time_us:.6g}, source={self.source!r})"
+        )
+
     def overlap(self, kind: str = ALL) -> float | None:
         return self.collectives[kind].overlap if kind in self.collectives else None
 
@@ -394,6 +402,7 @@ class RankResult:
     signature: CollectiveSignature | None = None
     timeline: Timeline | None = None
     blames: list[Blame] = field(default_factory=list)  # what the findings blame (in memory, with timelines)
+    trace_steps: tuple[int, ...] = ()  # the ProfilerSteps its trace holds, selected or not (in memory only)
 
 
 @dataclass(frozen=True)
@@ -412,7 +421,9 @@ class Report:
     collective_signatures: dict[str, CollectiveSignature] | None = field(default=None, metadata={"omit_none": True})
     timelines: dict[int, Timeline] = field(default_factory=dict, metadata={"json": False})
     bandwidth: JobBandwidth | None = field(default=None, metadata={"omit_none": True})
-    notes: list[str] | None = field(default=None, metadata={"omit_none": True})  # of the job, not of one rank
+    # of the whole job, not of one rank: its ds_config's values left out or resolved, uneven captures, rules that
+    # could not apply, ...; absent when there is nothing to say
+    notes: list[str] | None = field(default=None, metadata={"omit_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (docs/report-schema.md); floats as computed (the JSON renderer rounds them)."""
@@ -432,12 +443,22 @@ class Report:
             )
         try:
             report: Report = _from_plain(cls, doc, "")
+            first: dict[int, int] = {}
             for i, r in enumerate(report.ranks):
                 if r.rank is None:
                     raise _Shape(f"ranks[{i}].rank is not an integer")
+                if (j := first.setdefault(r.rank, i)) != i:  # two jobs' reports pasted together, or one rank twice
+                    raise _Shape(f"ranks[{i}] and ranks[{j}] are both rank {r.rank}")
             return report
         except _Shape as exc:
             raise ReportFormatError(f"malformed report: {exc}", source) from None
+
+    def __repr__(self) -> str:  # the whole report is hundreds of kilobytes: a notebook shows this line
+        return (
+            f"<Report {self.schema}: {len(self.ranks)} ranks, {len(self.findings)} findings, "
+            f"{len(self.errors)} errors; .to_dict(), .dataframe('ranks' | 'collectives' | 'steps' | 'phases' | "
+            "'findings')>"
+        )
 
     def rank(self, number: int) -> RankMetrics | None:
         return next((r for r in self.ranks if r.rank == number), None)

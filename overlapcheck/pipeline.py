@@ -11,13 +11,18 @@ The parent only merges small objects, so memory stays per file and ranks use eve
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import operator
 import os
 import re
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Sequence, Set
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from overlapcheck import __version__
 from overlapcheck.analysis.bandwidth import job_bandwidth, with_bandwidth, with_topology
@@ -41,7 +46,9 @@ from overlapcheck.model import (
     ReportFormatError,
     Tool,
 )
-from overlapcheck.trace.reader import load_trace, rank_from_name
+from overlapcheck.selection import MAX_NUMBER, Numbers
+from overlapcheck.trace.model import TraceModel
+from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name
 
 _TRACE_FILE = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
 _NOT_TRACES = re.compile(
@@ -70,6 +77,7 @@ class Inputs:
     ds_config: dict[str, Any] | None = None  # ds_config.json beside the traces
     model: dict[str, Any] | None = None  # model.json beside the traces
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each file to read
+    documents: list[str] = field(default_factory=list)  # the paths of run.json, ds_config.json, model.json read
 
     @property
     def total_bytes(self) -> int:
@@ -79,6 +87,14 @@ class Inputs:
     def count(self) -> int:
         return len(self.traces) + len(self.summaries)
 
+    @property
+    def files(self) -> list[str]:
+        """Every file these inputs read or may read (a summary's trace too): what no output may replace."""
+        out = [*self.traces, *self.documents]
+        for s in self.summaries:
+            out += [s.path] + ([s.trace] if s.trace is not None else [])
+        return out
+
 
 @dataclass(frozen=True)
 class Options:
@@ -87,9 +103,10 @@ class Options:
     diagnose: bool = True
     timelines: bool = False  # every selected step of each rank, for the HTML page and the Perfetto file
     signatures: bool = False  # keep each rank's collective signature in the Report (per-rank summaries)
-    steps: frozenset[int] | None = None  # analyze only these ProfilerSteps (--steps; analysis/select.py)
-    ranks: frozenset[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
+    steps: Set[int] | None = None  # analyze only these ProfilerSteps (--steps; analysis/select.py)
+    ranks: Set[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
     prefer_traces: bool = False  # read a rank's trace rather than its summary when both are there
+    rank_from: str | None = None  # --rank-from REGEX: each trace's rank is the number it matches in the file's path
 
 
 def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
@@ -118,7 +135,10 @@ TRACES_DIR = "traces"  # where `overlapcheck run` puts the traces of a run folde
 def _scan_folder(folder: str, found: Inputs) -> None:
     """A folder of traces, or a run folder: summaries and run.json at the top, the traces in `traces/`."""
     names = _visible(folder)
-    summaries = {int(m.group(1)): n for n in names if (m := _SUMMARY.match(n))}
+    summaries: dict[int, str] = {}
+    for n in names:
+        if (m := _SUMMARY.match(n)) and (other := summaries.setdefault(int(m.group(1)), n)) != n:
+            raise UserError(f"{other} and {n} both name rank {int(m.group(1))}: keep one", folder)
     _read_documents(folder, found)
     paths = [os.path.join(folder, n) for n in names]
     if os.path.isfile(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
@@ -128,7 +148,10 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     for path in traces:
         m = _RANK_FILE.match(os.path.basename(path))
         if m and int(m.group(1)) in summaries:
-            trace_of_rank[int(m.group(1))] = path  # the rank's own summary stands for it
+            rank = int(m.group(1))
+            if rank in trace_of_rank:
+                raise UserError(f"{trace_of_rank[rank]} and {path} are both the trace of rank {rank}: keep one")
+            trace_of_rank[rank] = path  # the rank's own summary stands for it
             continue
         found.traces.append(path)
     for rank, name in summaries.items():
@@ -157,6 +180,7 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
             if attr == "ds_config" and not isinstance(doc, dict):
                 raise UserError("a DeepSpeed config must be a JSON object", path)
             setattr(found, attr, doc if isinstance(doc, dict) else None)
+            found.documents.append(path)
 
 
 def read_ds_config(path: str) -> dict[str, Any]:
@@ -188,9 +212,17 @@ def analyze_trace(
     `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
     options = options or Options()
     model = load_trace(path, progress, workers)
+    model.notes.extend(_long_names(model) + _precision_notes(model))
+    in_trace = tuple(sorted({int(n) for n in model.steps.number}))
     if options.steps is not None:
-        model = restrict_to_steps(model, options.steps)
+        model = restrict_to_steps(model, [n for n in in_trace if n in options.steps])  # the selection is not expanded
     metrics = analyze_model(model)
+    if options.rank_from is not None:
+        rank = rank_by_pattern(path, options.rank_from)
+        if rank != metrics.rank:
+            said = f"distributedInfo.rank {metrics.rank}" if metrics.rank is not None else "no rank"
+            note = f"rank {rank} from the file's path (--rank-from); the trace says {said}"
+            metrics = dataclasses.replace(metrics, rank=rank, notes=[*metrics.notes, note])
     metrics = with_bandwidth(model, metrics, job)
     if options.steps is not None:
         metrics = dataclasses.replace(metrics, notes=[*metrics.notes, steps_note(options.steps, metrics)])
@@ -204,25 +236,73 @@ def analyze_trace(
     else:
         findings, signature = diagnose_rank(model, metrics, job or JobContext())
     timeline = timeline_of(model, metrics, blames) if options.timelines else None
-    return RankResult(metrics, findings, signature, timeline, blames)
+    return RankResult(metrics, findings, signature, timeline, blames, trace_steps=in_trace)
 
 
-def steps_note(steps: frozenset[int], metrics: RankMetrics) -> str:
+MAX_NAME = 8192  # characters of a name in the outputs (a 1 MB name made a 200 MB page; C++ templates reach 5,000)
+FINE_US = 1.0  # a timestamp's float step (µs) from which sub-µs durations are lost
+
+
+def _long_names(model: TraceModel) -> list[str]:
+    """Cut names longer than MAX_NAME (in place; each keeps its length and a checksum, so that two long names
+    stay apart) and say so. Classification happened at the reader, on the whole name."""
+    cut = 0
+    for i, name in enumerate(model.names):
+        if len(name) > MAX_NAME:
+            tag = f"... [{len(name)} characters, crc {zlib.crc32(name.encode('utf-8', 'replace')):08x}]"
+            model.names[i] = name[: MAX_NAME - len(tag)] + tag
+            cut += 1
+    return [f"{cut} names longer than {MAX_NAME} characters were cut to {MAX_NAME} in every output"] if cut else []
+
+
+def _precision_notes(model: TraceModel) -> list[str]:
+    """A note when the timestamps are so large that float64 cannot tell sub-µs apart (2^52 µs and beyond: every
+    duration shorter than the float step is lost, at 2^63 µs or 1e300 all of them)."""
+    largest = 0.0
+    for table in (model.gpu, model.runtime, model.ops, model.syncs, model.steps):
+        for column in ("start", "end"):
+            values = getattr(table, column, None)
+            if values is not None and len(values):
+                largest = max(largest, float(np.max(np.abs(values))))
+    step = float(np.spacing(largest)) if largest > 0 else 0.0
+    if step < FINE_US:
+        return []
+    return [
+        f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: durations and "
+        "gaps shorter than that are lost or rounded (is the trace's clock in µs since the epoch or boot?)"
+    ]
+
+
+def compile_rank_pattern(pattern: str) -> re.Pattern[str]:
+    """The regex of --rank-from: its first group (else the whole match) must be the rank's digits."""
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise UserError(f"--rank-from {pattern[:60]!r} is not a regular expression ({exc})") from None
+
+
+def rank_by_pattern(path: str, pattern: str) -> int:
+    """The rank --rank-from reads in `path` (searched in the file name, then in the whole path)."""
+    regex = compile_rank_pattern(pattern)
+    m = regex.search(os.path.basename(path)) or regex.search(path)
+    if m is None:
+        raise UserError(f"--rank-from {pattern!r} does not match this file's path", path)
+    text = (m.group(1) if regex.groups else m.group(0)) or ""  # an optional group may match nothing
+    if not (text and text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_RANK):
+        raise UserError(f"--rank-from {pattern!r} matches {text[:40]!r}, not a rank number", path)
+    return int(text)
+
+
+def steps_note(steps: Set[int], metrics: RankMetrics) -> str:
     """The note a step-restricted rank carries in its `notes` (docs/metrics.md, "Selected steps and ranks")."""
     have = [s.step for s in metrics.steps]
     text = f"analysis restricted to steps {format_numbers(steps)} (--steps): every number covers only them"
     return text + ("" if have else "; none of them is in this trace")
 
 
-def format_numbers(numbers: frozenset[int] | set[int]) -> str:
+def format_numbers(numbers: Set[int], dash: str = "-") -> str:
     """{0, 1, 2, 3, 8} -> '0-3,8'."""
-    out: list[str] = []
-    for n in sorted(numbers):
-        if out and (last := out[-1].split("-")[-1]) and int(last) == n - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{n}"
-        else:
-            out.append(str(n))
-    return ",".join(out)
+    return (numbers if isinstance(numbers, Numbers) else Numbers.of(numbers)).text(dash)
 
 
 Outcome = tuple[str, list[RankResult], str | None]  # (source, its ranks, error or None)
@@ -273,7 +353,14 @@ def analyze_inputs(
     `inputs.total_bytes`): byte by byte within a file when ranks are read in this process, a whole file at a
     time when they are read in parallel."""
     options = options or Options()
-    inputs = select_ranks(inputs, options.ranks)
+    everything = inputs
+    if options.rank_from is not None:
+        compile_rank_pattern(options.rank_from)  # a bad pattern is one error, not one per file
+    inputs = select_ranks(inputs, options.ranks, options.rank_from)
+    if options.ranks is not None and not inputs.count:
+        raise UserError(
+            f"--ranks {format_numbers(options.ranks)} selects none of the inputs: {_ranks_held(everything)}"
+        )
     outcomes: list[Outcome] = []
     advance = on_bytes or (lambda n: None)
     summaries = inputs.summaries
@@ -309,18 +396,44 @@ def analyze_inputs(
             for fut in as_completed(futures):
                 outcomes.append(fut.result())
                 advance(inputs.sizes.get(outcomes[-1][0], 0))
-    return build_report(outcomes, inputs, job, options)
+    report = build_report(outcomes, inputs, job, options)
+    if options.ranks is not None and not report.ranks and not report.errors:
+        raise UserError(
+            f"--ranks {format_numbers(options.ranks)} selects no rank of the traces read: {_ranks_held(everything)}"
+        )
+    if options.steps is not None and report.ranks and not any(r.steps for r in report.ranks):
+        held = sorted({n for _, results, _ in outcomes for r in results for n in r.trace_steps})
+        there = f"the traces hold steps {format_numbers(set(held))}" if held else "the traces have no ProfilerStep"
+        raise UserError(f"--steps {format_numbers(options.steps, ':')} selects no step of any rank: {there}")
+    return report
 
 
-def select_ranks(inputs: Inputs, ranks: frozenset[int] | None) -> Inputs:
+def _ranks_held(inputs: Inputs) -> str:
+    """'the inputs hold ranks 0-7' from the file names (what a --ranks error lists)."""
+    named: set[int] = set()
+    unnamed = 0
+    for path in inputs.traces + [s.path for s in inputs.summaries]:
+        try:
+            rank = rank_from_name(path)
+        except UserError:
+            rank = None
+        if rank is None:
+            unnamed += 1
+        else:
+            named.add(rank)
+    held = f"the inputs hold rank(s) {format_numbers(named)}" if named else "no file name states a rank"
+    return held + (f" ({unnamed} file(s) whose name states none)" if unnamed and named else "")
+
+
+def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None = None) -> Inputs:
     """`inputs` less the files of ranks not in `ranks`: by the rank in the file name (a trace whose name states
-    none is read, then kept only if its distributedInfo rank is selected)."""
+    none is read, then kept only if its distributedInfo rank is selected), or the one `rank_from` reads there."""
     if ranks is None:
         return inputs
 
     def wanted(path: str) -> bool:
         try:
-            rank = rank_from_name(path)
+            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from)
         except UserError:
             return True  # reading it reports the problem
         return rank is None or rank in ranks
@@ -344,6 +457,7 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
     """Resolve ranks, merge the findings and assemble the Report."""
     errors = [InputError(path, err) for path, _, err in outcomes if err]
     results = _resolve_ranks([r for _, rs, _ in outcomes for r in rs], errors)
+    check_one_job(results, inputs.run)
     results.sort(key=lambda r: r.metrics.rank if r.metrics.rank is not None else -1)
     results = with_topology(results, job)  # where the ranks are: intra- or inter-node collectives, their peaks
     findings, share = merge_findings(results, job) if options.diagnose else ([], None)
@@ -365,8 +479,43 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
             r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
         },
         bandwidth=job_bandwidth(results, job),
-        notes=[*job_notes(ranks), *(accounting_notes(results) if options.diagnose else [])] or None,
+        notes=[*job.notes, *job_notes(ranks), *(accounting_notes(results) if options.diagnose else [])] or None,
     )
+
+
+def _world(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RANK + 1 else None
+
+
+def _files(sources: list[str]) -> str:
+    names = [os.path.basename(s) for s in sorted(sources)]
+    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+
+
+def check_one_job(results: list[RankResult], run: dict[str, Any] | None) -> None:
+    """UserError unless the ranks are of one job: one world size over every trace (and run.json's, when it says
+    one), and, with several ranks, every rank below it. Each job's own analysis is what the user needs then."""
+    worlds: dict[int, list[str]] = {}
+    for r in results:
+        if (w := _world(r.metrics.world_size)) is not None:
+            worlds.setdefault(w, []).append(r.metrics.source)
+    if len(worlds) > 1:
+        parts = "; ".join(f"world size {w} in {_files(sources)}" for w, sources in sorted(worlds.items()))
+        raise UserError(f"these traces are of more than one job ({parts}): analyze each job's traces on their own")
+    stated = _world((run or {}).get("world_size"))
+    if worlds and stated is not None and stated not in worlds:
+        (w,) = worlds
+        raise UserError(f"run.json says world size {stated}, the traces say {w}: are they of the run that wrote it?")
+    world = next(iter(worlds), stated)
+    if world is None or len(results) < 2:
+        return
+    foreign = [r for r in results if r.metrics.rank is not None and r.metrics.rank >= world]
+    if foreign:
+        r = foreign[0]
+        raise UserError(
+            f"rank {r.metrics.rank} ({os.path.basename(r.metrics.source)}) is not below the job's world size "
+            f"{world}: a trace of another job? (--rank-from REGEX reads ranks from file names)"
+        )
 
 
 def _link_blames(result: RankResult, findings: list[Finding]) -> RankResult:
@@ -424,25 +573,50 @@ def analyze(
     diagnose: bool = True,
     timelines: bool = False,
     jobs: int | None = None,
-    steps: Sequence[int] | None = None,
-    ranks: Sequence[int] | None = None,
+    steps: Iterable[int | str] | None = None,
+    ranks: Iterable[int | str] | None = None,
+    rank_from: str | None = None,
 ) -> Report:
     """Analyze trace files and folders (or `overlapcheck run` folders) into a Report, as `overlapcheck analyze`
     does: `Report.to_dict()` is its JSON document. `ds_config` is the DeepSpeed config (a dict or a JSON
     file); by default the one found beside the traces. Bad input raises `overlapcheck.UserError`; files that
     cannot be read are listed in `Report.errors` and the other ranks are still reported. `steps` and `ranks`
-    restrict the analysis as `--steps` and `--ranks` do (docs/metrics.md, "Selected steps and ranks")."""
+    restrict the analysis as `--steps` and `--ranks` do (docs/metrics.md, "Selected steps and ranks"); `rank_from`
+    is `--rank-from`."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
+    if config is not None and not isinstance(config, dict):
+        raise UserError(f"ds_config must be a dict or the path of a JSON file, not {type(config).__name__}")
     inputs = find_inputs(paths)
     options = Options(
         diagnose=diagnose,
         timelines=timelines,
-        steps=frozenset(steps) if steps is not None else None,
-        ranks=frozenset(ranks) if ranks is not None else None,
+        steps=_api_numbers(steps, "steps"),
+        ranks=_api_numbers(ranks, "ranks"),
+        rank_from=rank_from,
     )
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs)
+
+
+def _api_numbers(values: Iterable[int | str] | None, what: str) -> Numbers | None:
+    """`steps` / `ranks` of the API: whole numbers, or strings of digits ('0'), as --steps / --ranks take them."""
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise UserError(f"{what} must be a list of numbers, such as [0, 1], not {type(values).__name__}")
+    out: list[int] = []
+    for v in values:
+        number: int | None = None
+        if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit() and len(v.strip()) <= 19:
+            number = int(v)
+        elif not isinstance(v, bool | str | bytes):
+            with contextlib.suppress(TypeError):
+                number = operator.index(v)  # int, numpy integers
+        if number is None or not 0 <= number <= MAX_NUMBER:
+            raise UserError(f"{what}: {str(v)[:40]!r} is not a {what[:-1]} number (a whole number >= 0)")
+        out.append(number)
+    return Numbers.of(out)
 
 
 __all__ = ["Inputs", "Options", "ReportFormatError", "analyze", "analyze_inputs", "analyze_trace", "find_inputs"]

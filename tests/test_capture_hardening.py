@@ -43,9 +43,13 @@ def test_a_mistyped_option_is_an_error_with_a_suggestion_and_nothing_runs(tmp_pa
 
 def test_the_command_must_follow_the_double_dash(tmp_path):
     code, output = _run("--out", str(tmp_path / "r"), sys.executable, "train.py")
-    assert code == 2 and "before `--`" in output and not (tmp_path / "r").exists()
-    code, output = _run("--out", str(tmp_path / "r"), sys.executable, "-c", "pass")  # `-c` is no option of ours
-    assert code == 2 and "No such option" in output and not (tmp_path / "r").exists()
+    assert code == 2 and "put `--` before the command" in output and not (tmp_path / "r").exists()
+    # `-c` is no option of ours: said as the missing `--`, not as click's "No such option"
+    code, output = _run("--out", str(tmp_path / "r"), sys.executable, "-c", "pass")
+    assert code == 2 and f"overlapcheck run --out {tmp_path / 'r'} -- {sys.executable} -c pass" in output
+    assert "No such option" not in output and not (tmp_path / "r").exists()
+    code, output = _run("deepspeed", "train.py", "--deepspeed", "ds.json")
+    assert code == 2 and "overlapcheck run -- deepspeed train.py --deepspeed ds.json" in output
     code, output = _run("--out", str(tmp_path / "r"))
     assert code == 2 and "no command given" in output
     code, output = _run("--out", str(tmp_path / "r"), "--")

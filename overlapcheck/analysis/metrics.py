@@ -25,11 +25,18 @@ from overlapcheck.trace.launch import FROM_OP, KIND_FROM, op_collective
 from overlapcheck.trace.model import RECORD_PARAM_COMMS, TraceModel
 from overlapcheck.trace.reader import rank_of
 
+NOISE_US = 1e-6
+
 
 def split(comm: iv.Intervals, compute: iv.Intervals, count: int) -> Split:
     """count, time_us = |C|, overlapped_us = |C ∩ P|, exposed_us = time − overlapped, overlap = overlapped / time."""
     time_us = iv.length(comm)
     overlapped = iv.intersection_length(comm, compute) if time_us else 0.0
+    # float noise of the interval sums (4.66e-10 µs where nothing overlaps) is no overlap: snap below a picosecond
+    if abs(overlapped) < NOISE_US:
+        overlapped = 0.0
+    elif abs(time_us - overlapped) < NOISE_US:
+        overlapped = time_us
     return Split(int(count), time_us, overlapped, time_us - overlapped, overlapped / time_us if time_us > 0 else None)
 
 

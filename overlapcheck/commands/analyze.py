@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-FORMATS = click.Choice(["text", "json", "markdown"])
+if TYPE_CHECKING:
+    from overlapcheck.selection import Numbers
+
+FORMATS = click.Choice(["text", "json", "markdown", "html"])  # as `compare --format`
 
 
 def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -21,7 +24,8 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 type=FORMATS,
                 default="text",
                 show_default=True,
-                help="Terminal text, the JSON report document (docs/report-schema.md), or Markdown.",
+                help="Terminal text, the JSON report document (docs/report-schema.md), Markdown, or the HTML page "
+                "(as --html writes it).",
             ),
             click.option("-o", "--output", metavar="FILE", help="Write the report to FILE."),
             click.option("--html", "html_path", metavar="FILE", help="Also write a self-contained HTML report."),
@@ -44,6 +48,12 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 metavar="RANKS",
                 callback=lambda ctx, param, value: parse_numbers(value, "-", "--ranks"),
                 help="Analyze only these ranks, e.g. 0-3,8: other ranks' files are not read.",
+            ),
+            click.option(
+                "--rank-from",
+                metavar="REGEX",
+                help="Read each trace's rank from its file name (else its path) instead of distributedInfo: the "
+                r"first group of REGEX, e.g. 'node\d+-gpu(\d+)' or 'worker_(\d+)'.",
             ),
             click.option("--ds-config", metavar="FILE", help="The DeepSpeed config the job used."),
             click.option(
@@ -70,6 +80,13 @@ def command(paths: tuple[str, ...], **options: Any) -> None:
 
     PATHS are trace files (.json, .json.gz) or folders of per-rank traces (or `overlapcheck run` folders).
     Exit code 0 when every input was read, 2 when an input could not be read (the others are still reported).
+
+    \b
+    Examples:
+      overlapcheck analyze traces/
+      overlapcheck analyze traces/ --ds-config ds.json --html report.html
+      overlapcheck analyze traces/ --format json -o report.json --steps 5:7 --ranks 0-7
+      overlapcheck analyze traces/ --rank-from 'gpu([0-9]+)' --network 4x200Gbps
     """
     run_report(list(paths), **options)
 
@@ -83,9 +100,10 @@ def run_report(
     jobs: int | None,
     force: bool,
     perfetto_path: str | None = None,
-    steps: frozenset[int] | None = None,
-    ranks: frozenset[int] | None = None,
+    steps: Numbers | None = None,
+    ranks: Numbers | None = None,
     network: str | None = None,
+    rank_from: str | None = None,
 ) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
     from overlapcheck import pipeline
@@ -94,13 +112,18 @@ def run_report(
     from overlapcheck.report import renderer
 
     targets = [t for t in (output, html_path, perfetto_path) if t]
-    check_outputs(targets, force)  # fail before a long analysis, not after
+    inputs = pipeline.find_inputs(paths)
+    # fail before a long analysis, not after; an output is never one of the files read, even with --force
+    check_outputs(targets, force, [*inputs.files, *([ds_config] if ds_config else [])])
     stated = parse_network(network) if network is not None else None
     config = pipeline.read_ds_config(ds_config) if ds_config else None
-    inputs = pipeline.find_inputs(paths)
     job = pipeline.job_context(inputs, config, stated)
     options = pipeline.Options(
-        timelines=bool(html_path or perfetto_path), steps=steps, ranks=ranks, prefer_traces=bool(perfetto_path)
+        timelines=bool(html_path or perfetto_path or fmt == "html"),
+        steps=steps,
+        ranks=ranks,
+        prefer_traces=bool(perfetto_path),
+        rank_from=rank_from,
     )
     if perfetto_path and any(s.trace is not None for s in inputs.summaries):
         click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
@@ -108,11 +131,10 @@ def run_report(
     if output:
         atomic_write(output, renderer(fmt).render(report), force)
     elif fmt == "text":
-        from rich.console import Console
+        from overlapcheck.report.terminal import TerminalRenderer, stdout_console
 
-        from overlapcheck.report.terminal import TerminalRenderer
-
-        Console().print(*TerminalRenderer().renderables(report))
+        shown = TerminalRenderer(errors=False).renderables(report)  # each error goes to stderr, once (below)
+        stdout_console(shown).print(*shown)
     else:
         sys.stdout.write(str(renderer(fmt).render(report)))
     if perfetto_path:
@@ -147,42 +169,70 @@ def run_report(
         sys.exit(2)
 
 
-def parse_numbers(text: str | None, dash: str, option: str) -> frozenset[int] | None:
-    """'5:7' or '5,6' (--steps, dash ':'), '0-3,8' (--ranks, dash '-'): the numbers, ranges inclusive."""
+def parse_numbers(text: str | None, dash: str, option: str) -> Numbers | None:
+    """'5:7' or '5,6' (--steps, dash ':'), '0-3,8' (--ranks, dash '-'): the numbers, ranges inclusive, held as
+    ranges (overlapcheck/selection.py), so that no selection, however wide, is expanded in memory."""
+    from overlapcheck.errors import UserError
+    from overlapcheck.selection import parse_numbers as parse
+
     if text is None:
         return None
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition(dash)
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise click.BadParameter(f"{part!r} is not N or N{dash}M", param_hint=option) from None
-        if a < 0 or b < a or b - a > 1_000_000:
-            raise click.BadParameter(f"{part!r} is not a range of non-negative numbers", param_hint=option)
-        out.update(range(a, b + 1))
-    return frozenset(out)
+    try:
+        return parse(text, dash, option)
+    except UserError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1], param_hint=option) from None
 
 
 def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = None) -> None:
     """Each output may be written (UserError otherwise); no two outputs are the same file, and no output is
-    one of the `inputs` (even with --force: writing a report over its baseline loses the baseline)."""
-    import os
-
+    one of the `inputs` (even with --force: writing a report over its trace or baseline loses it). `inputs` are
+    files, or folders, which stand for every file that reading them reads (traces, summaries, run.json,
+    ds_config.json, model.json). The same file is recognized through symbolic and hard links."""
     from overlapcheck.errors import UserError
     from overlapcheck.fsutil import check_target
 
-    seen: dict[str, str] = {}
-    for path in inputs or []:
-        seen[os.path.realpath(path)] = "an input"
+    seen: dict[object, str] = {}
+    for path in input_files(inputs or []):
+        for key in _identities(path):
+            seen[key] = "an input"
     for target in targets:
-        key = os.path.realpath(target)
-        if key in seen:
-            raise UserError(f"is also {seen[key]}: give each output its own file", target)
+        keys = _identities(target)
+        if clash := next((seen[k] for k in keys if k in seen), None):
+            raise UserError(f"is also {clash}: give each output its own file", target)
         check_target(target, force)
-        seen[key] = "another output"
+        for key in keys:
+            seen[key] = "another output"
+
+
+def input_files(paths: list[str]) -> list[str]:
+    """The files that reading `paths` reads: a file itself, a folder every input file found in it."""
+    import os
+
+    from overlapcheck.errors import UserError
+    from overlapcheck.pipeline import find_inputs
+
+    out: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            try:
+                out += find_inputs([path]).files
+            except UserError:
+                continue  # reading it reports the problem, after the outputs were checked
+        out.append(path)
+    return out
+
+
+def _identities(path: str) -> list[object]:
+    """What names the file `path` is (or would be): its real path and, when it exists, its device and inode."""
+    import os
+
+    keys: list[object] = [os.path.realpath(path)]
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return keys
+    keys.append((st.st_dev, st.st_ino))
+    return keys
 
 
 def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any:

@@ -15,7 +15,12 @@ def command() -> None:
 @click.argument("baseline_path", metavar="BASE.json")
 @click.option("--force", is_flag=True, help="Overwrite BASE.json if it exists.")
 def save(report_path: str, baseline_path: str, force: bool) -> None:
-    """Validate REPORT.json and save it as BASE.json (refuses to overwrite without --force)."""
+    """Validate REPORT.json and save it as BASE.json (refuses to overwrite without --force).
+
+    \b
+    Example:
+      overlapcheck baseline save report.json ci/overlap-baseline.json
+    """
     from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.gate import read_report, reduce_ranks

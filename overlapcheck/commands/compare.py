@@ -73,6 +73,11 @@ def command(
 
     BEFORE and AFTER are each a folder of per-rank traces, an `overlapcheck run` folder, or a JSON report
     (`analyze --format json`). Exit code 0; 2 on bad input.
+
+    \b
+    Examples:
+      overlapcheck compare runs/before runs/after
+      overlapcheck compare before.json after.json --format markdown -o pr-comment.md
     """
     from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.compare import compare
@@ -88,11 +93,11 @@ def command(
         atomic_write(path, compare_renderer(name).render(comparison), force)
     if not output:
         if fmt == "text":
-            from rich.console import Console
-
             from overlapcheck.report.compare_render import CompareTerminalRenderer
+            from overlapcheck.report.terminal import stdout_console
 
-            Console(highlight=False).print(CompareTerminalRenderer().group(comparison))
+            group = CompareTerminalRenderer().group(comparison)
+            stdout_console([group], highlight=False).print(group)
         else:
             out = compare_renderer(fmt).render(comparison)
             sys.stdout.write(out if isinstance(out, str) else out.decode())

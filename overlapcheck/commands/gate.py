@@ -83,13 +83,19 @@ def command(
     markdown_path: str | None,
     force: bool,
 ) -> None:
-    """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline."""
-    from rich.console import Console
+    """Check REPORT.json (from `analyze --format json`) against thresholds and a baseline.
 
+    \b
+    Examples:
+      overlapcheck analyze traces/ --format json -o report.json
+      overlapcheck gate report.json --min-overlap all=80% --max-exposed-share 0.1
+      overlapcheck gate report.json --baseline base.json --junit gate.xml
+    """
     from overlapcheck.commands.analyze import check_outputs
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.junit import render_junit
     from overlapcheck.report.markdown import render_gate_markdown
+    from overlapcheck.report.terminal import stdout_console
 
     config = GateConfig(
         min_overlap=parse_min_overlap(min_overlap),
@@ -111,8 +117,9 @@ def command(
     baseline = load_report(baseline_path) if baseline_path else None
     checks = run_checks(report, config, baseline)
 
-    console = Console(highlight=False)
-    console.print(render_table(checks))
+    table = render_table(checks)
+    console = stdout_console([table], highlight=False)
+    console.print(table)
     code = exit_code(checks)
     console.print(verdict_line(checks), style="bold green" if code == 0 else "bold red")
 

@@ -17,5 +17,10 @@ def command(run_dir: str, **options: Any) -> None:
 
     Reads each rank's small summary when present and its trace otherwise, so a report over
     thousands of ranks reads thousands of small files, not thousands of traces.
+
+    \b
+    Examples:
+      overlapcheck report runs/a
+      overlapcheck report runs/a --html a.html --perfetto a.json.gz
     """
     run_report([run_dir], **options)

@@ -25,8 +25,18 @@ class _RunCommand(click.Command):
             for opt in (*param.opts, *param.secondary_opts)
         }
         i = 0
+        first_word = None  # the first word that is neither an option of ours nor its value
         while i < len(args) and args[i] != "--":
+            if first_word is None and not args[i].startswith("-"):
+                first_word = i
             i += 2 if args[i] in takes_value else 1  # `--out --` names a folder, it does not end the options
+        if i == len(args) and first_word is not None:  # `run deepspeed train.py --deepspeed ds.json`: no `--`
+            job = " ".join(args[first_word:])
+            raise click.UsageError(
+                f"put `--` before the command to run: overlapcheck run {' '.join(args[:first_word])} -- "
+                f"{job if len(job) <= 80 else job[:77] + '...'}".replace("run  --", "run --"),
+                ctx,
+            )
         ctx.meta[_COMMAND] = args[i + 1 :] if i < len(args) else None
         return super().parse_args(ctx, args[:i])
 

@@ -25,7 +25,13 @@ from overlapcheck.errors import UserError
 @click.option("--deepspeed-version", help="DeepSpeed version (call stacks, fixed behaviours).")
 @click.option("--force", is_flag=True, help="Overwrite a non-empty output directory.")
 def command(scenario: str, out: Path | None, list_presets: bool, force: bool, **options) -> None:
-    """Simulate a DeepSpeed ZeRO-3 job: one Kineto trace per rank, truth.json and ds_config.json."""
+    """Simulate a DeepSpeed ZeRO-3 job: one Kineto trace per rank, truth.json and ds_config.json.
+
+    \b
+    Examples:
+      overlapcheck simulate --list
+      overlapcheck simulate --scenario seed-5201 --out sim/ && overlapcheck analyze sim/
+    """
     from overlapcheck.simulate import generate
     from overlapcheck.simulate.scenarios import PRESETS
 

@@ -79,7 +79,8 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
     timelines = timelines_view(report.timelines, ranks, report.findings)
     classes = _classes_in(timelines)
     v = P.verdict(report)
-    n_costly = len(P.costly(report)[0])
+    shown, folded = P.costly_indices(report)
+    n_costly = len(shown)
     view = {
         "tool": {"name": report.tool.name, "version": report.tool.version},
         "run": _scalars(report.run),
@@ -104,7 +105,10 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
         "crossrank": crossrank(report),
         "bandwidth": bandwidth_view(report),
         "findings": [finding_view(f) for f in report.findings],
-        "n_costly": n_costly,  # the rest (no measurable cost) are folded
+        "n_costly": n_costly,
+        "shown_findings": shown,  # indices into findings, in report order: cards
+        "folded_findings": folded,  # no measurable cost: folded (whatever their position)
+        "finding_numbers": P.finding_numbers(report),  # as the terminal and the Perfetto tracks number them
         "combined_patch": _pretty(patch) if (patch := P.combined_patch(report.findings)) else None,
         "explain_share": _num(report.findings_explain_share),
         "errors": [{"source": e.source, "error": e.error} for e in report.errors],

@@ -36,6 +36,8 @@ class MarkdownRenderer:
         lines = [f"### {mark} overlapcheck: {cell(v.headline)}", "", cell(v.sentence()), ""]
         if notes := P.capture_notes(report):
             lines += [*(f"> ⚠️ capture: {cell(note)}" for note in notes), ""]
+        if report.notes:
+            lines += [*(f"> note: {cell(note)}" for note in report.notes), ""]
         rows = P.kind_rows(report)
         if rows:
             columns = P.kind_columns(report)
@@ -66,13 +68,15 @@ class MarkdownRenderer:
                     f"{i}. **[{f.severity}] {cell(f.title)}** (`{code(f.rule)}`, {P.ms(f.cost_us)} ms/step, "
                     f"ranks {P.rank_ranges(f.ranks)})"
                 )
+                if f.why:
+                    lines.append(f"   - why: {cell(f.why)}")  # the explanation the terminal and HTML give
                 lines += [f"   - fix: `{code(line)}`" for line in P.fix_lines(f.fix)]
             if line := P.folded_line(folded):
                 lines += ["", cell(line[0].upper() + line[1:]) + "."]
             lines.append("")
         for err in report.errors:
             lines.append(f"- error: {cell(err.error)}")
-        if notes := P.notes(report, limit=20):
+        if notes := P.rank_notes(report, limit=20):
             lines += ["", "Notes:", "", *(f"- {cell(note)}" for note in notes)]
         return "\n".join(lines).rstrip("\n") + "\n"
 

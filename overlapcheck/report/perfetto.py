@@ -13,6 +13,7 @@ collective every rank ran (docs/metrics.md, "Aligning ranks"); the shift of each
 from __future__ import annotations
 
 import gzip
+import heapq
 import json
 import math
 from typing import Any
@@ -156,24 +157,33 @@ def _rank_events(
 
     # findings: a slice per step where the finding occurs on this rank
     step_window = {s.step: (s.start, s.end) for s in tl.steps}
+    numbers = P.finding_numbers(report)  # as the terminal, the Markdown and the HTML page number them
     for i, f in enumerate(report.findings):
         if rank not in f.ranks:
             continue
         tid = FINDING_TID + i
-        thread(tid, f"finding {i + 1}: {P.safe_line(f.title)[:80]}", 1 + i)
+        thread(tid, f"finding {numbers[i]}: {P.safe_line(f.title)[:80]}", numbers[i])
         mine = sorted({b.step for b in tl.host if b.finding == i and b.step is not None} or set(f.steps))
         windows = [step_window[s] for s in mine if s in step_window]
         if not windows and not tl.steps:
             windows = [(0.0, tl.duration)]
         for a, b in windows:
             out.append(
-                _slice(pid, tid, P.safe_line(f.title), f"finding:{f.severity}", ts(a), b - a, _finding_args(f, i))
+                _slice(
+                    pid,
+                    tid,
+                    P.safe_line(f.title),
+                    f"finding:{f.severity}",
+                    ts(a),
+                    b - a,
+                    _finding_args(f, i, numbers[i]),
+                )
             )
 
     # exposed communication: every interval, never capped (the metric adds them up)
     thread(EXPOSED_TID, "exposed communication", 1 + len(report.findings))
-    for a, b in tl.exposed:
-        out.append(_slice(pid, EXPOSED_TID, "exposed communication", "exposed", ts(a), b - a, None))
+    for (a, b), where in zip(tl.exposed, _exposed_args(tl), strict=True):
+        out.append(_slice(pid, EXPOSED_TID, "exposed communication", "exposed", ts(a), b - a, where))
 
     # GPU streams (or gloo CPU lanes)
     base = 10 + len(report.findings)
@@ -216,15 +226,40 @@ def _rank_events(
                 f"blame:{bl.kind}",
                 round(bl.start + abs_offset, 3),
                 bl.end - bl.start,
-                _blame_args(bl, report),
+                _blame_args(bl, report, numbers),
             )
         )
     return omitted
 
 
-def _finding_args(f: Finding, index: int) -> dict[str, Any]:
+def _exposed_args(tl: Timeline) -> list[dict[str, Any]]:
+    """Per exposed interval, the collectives (and up to 3 kernel names) whose kernels it lies in: one sweep over
+    the communication events by start, keeping those not yet ended (the intervals are sorted and disjoint)."""
+    comm = sorted(
+        (float(e[1]), float(e[1]) + float(e[2]), str(e[3])[5:], int(e[4]))
+        for e in tl.events
+        if str(e[3]).startswith("comm:")
+    )
+    out: list[dict[str, Any]] = []
+    active: list[tuple[float, int]] = []
+    j = 0
+    for a, b in tl.exposed:
+        while j < len(comm) and comm[j][0] < b:
+            heapq.heappush(active, (comm[j][1], j))
+            j += 1
+        while active and active[0][0] <= a:
+            heapq.heappop(active)
+        hits = sorted(k for _, k in active)
+        kinds = sorted({comm[k][2] for k in hits})
+        names = list(dict.fromkeys(P.safe_line(tl.names[comm[k][3]])[:200] for k in hits if comm[k][3] >= 0))
+        out.append({"collectives": kinds, "kernels": names[:3]} if kinds else {})
+    return out
+
+
+def _finding_args(f: Finding, index: int, number: int) -> dict[str, Any]:
     return {
-        "finding": index + 1,
+        "finding": number,  # the number every output shows
+        "finding_index": index,  # into the JSON report's findings
         "rule": f.rule,
         "severity": f.severity,
         "title": f.title,
@@ -235,14 +270,15 @@ def _finding_args(f: Finding, index: int) -> dict[str, Any]:
     }
 
 
-def _blame_args(b: Blame, report: Report) -> dict[str, Any]:
+def _blame_args(b: Blame, report: Report, numbers: list[int]) -> dict[str, Any]:
     args: dict[str, Any] = {"rule": b.rule, "call": b.call, "cost_us": _finite(round(b.cost_us, 3))}
     if b.thread >= 0:
         args["thread" if b.kind == "sync" else "stream"] = b.thread
     if b.step is not None:
         args["step"] = b.step
     if 0 <= b.finding < len(report.findings):
-        args["finding"] = b.finding + 1
+        args["finding"] = numbers[b.finding]
+        args["finding_index"] = b.finding
         args["title"] = report.findings[b.finding].title
     return args
 

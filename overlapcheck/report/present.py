@@ -385,11 +385,16 @@ def capture_notes(report: Report) -> list[str]:
 def notes(report: Report, limit: int = 200) -> list[str]:
     """The job's notes, then each distinct rank note once (`rank 3: ...`, or `ranks 0-7: ...` when several ranks
     have it), at most `limit`: what was assumed, what was not recorded, why a number is null."""
+    return [*(report.notes or []), *rank_notes(report, limit)][:limit]
+
+
+def rank_notes(report: Report, limit: int = 200) -> list[str]:
+    """Each distinct rank note once, `rank 3: ...` or `ranks 0-7: ...` when several ranks have it, at most `limit`."""
     by_note: dict[str, list[int]] = {}
     for r in report.ranks:
         for note in r.notes:
             by_note.setdefault(note, []).append(r.rank if r.rank is not None else -1)
-    out = list(report.notes or [])
+    out = []
     for note, ranks in by_note.items():
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(sorted(set(ranks)))}"
         out.append(f"{who}: {note}")
@@ -450,10 +455,27 @@ NO_COST_US = 1.0
 def costly(report: Report) -> tuple[list[Finding], list[Finding]]:
     """The findings that cost something measurable, and those that do not ("also seen, no measurable cost":
     folded in the terminal, the Markdown and the HTML; the JSON keeps every finding). Both in report order."""
+    shown, folded = costly_indices(report)
+    return [report.findings[i] for i in shown], [report.findings[i] for i in folded]
+
+
+def costly_indices(report: Report) -> tuple[list[int], list[int]]:
+    """`costly` as indices into `report.findings` (what the HTML page's anchors and timeline links use): one
+    folding rule, by cost and never by position, for every output."""
     step = median(mean_step_us(r) for r in report.ranks if r.collectives[ALL].count) or 0.0
     floor = max(NO_COST_US, NO_COST_SHARE * step)
-    shown = [f for f in report.findings if f.cost_us >= floor]
-    return shown, [f for f in report.findings if f.cost_us < floor]
+    shown = [i for i, f in enumerate(report.findings) if f.cost_us >= floor]
+    return shown, [i for i, f in enumerate(report.findings) if not f.cost_us >= floor]
+
+
+def finding_numbers(report: Report) -> list[int]:
+    """The number each finding (by index into `report.findings`) is shown with, the same in every output: the
+    costly ones 1..k in report order, as the terminal and Markdown list them, then the folded ones k+1..n."""
+    shown, folded = costly_indices(report)
+    numbers = [0] * len(report.findings)
+    for n, i in enumerate([*shown, *folded], 1):
+        numbers[i] = n
+    return numbers
 
 
 def folded_line(findings: Sequence[Finding]) -> str | None:

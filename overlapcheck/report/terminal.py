@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
@@ -17,14 +18,38 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _LEVEL_STYLE = {"good": "green", "warn": "yellow", "bad": "red", "none": "blue"}
 
 
+MAX_PIPE_WIDTH = 240  # off a terminal: as wide as the widest table, up to this
+
+
+def stdout_console(renderables: list[RenderableType], **kwargs: object) -> Console:
+    """The Console for stdout. On a terminal, its width; off one (CI logs, pipes, `| less`) rich would take 80
+    columns and cut headers to "collec…": there, as wide as the widest table needs (COLUMNS still wins)."""
+    console = Console(**kwargs)  # type: ignore[arg-type]
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    tables: list[Table] = []
+    todo = list(renderables)
+    while todo:
+        r = todo.pop()
+        if isinstance(r, Table):
+            tables.append(r)
+        elif isinstance(r, Group):
+            todo += r.renderables
+    widest = max(
+        (console.measure(t, options=console.options.update_width(MAX_PIPE_WIDTH)).maximum for t in tables), default=0
+    )
+    return Console(width=min(MAX_PIPE_WIDTH, max(console.width, widest)), **kwargs)  # type: ignore[arg-type]
+
+
 class TerminalRenderer:
     """The report as rich renderables (`renderables`) or as plain text (`render`, `width` columns)."""
 
     name = "text"
     extension = ".txt"
 
-    def __init__(self, width: int = 120):
+    def __init__(self, width: int = 120, errors: bool = True):
         self.width = width
+        self.errors = errors  # False where the CLI prints each error on stderr already (never twice)
 
     def render(self, report: Report) -> str:
         console = Console(record=True, width=self.width, file=io.StringIO())
@@ -44,10 +69,10 @@ class TerminalRenderer:
                 out.append(Text(P.safe_line(line)))
         if report.findings:
             out.append(_findings(report))
-        out += [Text(f"note: {P.safe(note)}", style="bold yellow") for note in report.notes or []]
+        out += [Text(f"note: {P.safe(note)}", style="yellow") for note in report.notes or []]
         for note in sorted({note for r in report.ranks for note in r.notes}):
             out.append(Text(f"note: {P.safe(note)}", style="dim"))
-        for err in report.errors:
+        for err in report.errors if self.errors else []:
             out.append(Text.assemble(("error: ", "red"), P.safe(err.error)))
         # each line on its own: rich prints consecutive Text objects of one print() call on one line
         return [Group(r) if isinstance(r, Text) else r for r in out]
