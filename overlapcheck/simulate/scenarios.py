@@ -297,7 +297,7 @@ def parse_scenario(name: str) -> list[str]:
 
 def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
     """The config of scenario `name` (`a+b` applies a then b) with CLI options; and its causes."""
-    from overlapcheck.simulate.config import version_tuple
+    from overlapcheck.simulate.config import DS013_VERSIONS, LAYOUTS, version_tuple
 
     parts = parse_scenario(name)
     overrides: dict[str, Any] = dict(BASE)
@@ -314,6 +314,10 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
     for key in ("torch_version", "nccl_version", "deepspeed_version"):
         if key in given and not version_tuple(str(given[key])):
             raise UserError(f"--{key.replace('_', '-')} {given[key]!r} is not a version like 2.4.0")
+    if given.get("layout", "default") not in LAYOUTS:
+        raise UserError(f"unknown --layout {given['layout']!r}; choose {' or '.join(LAYOUTS)}")
+    if given.get("layout") == "ds013":  # that stack's versions, unless given
+        given = {**DS013_VERSIONS, **given}
     if "torch_version" in given and "nccl_version" not in given:
         torch = version_tuple(given["torch_version"])
         given["nccl_version"] = next(n for t, n in NCCL_FOR_TORCH if torch >= version_tuple(t))
