@@ -172,10 +172,11 @@ class Cause:
 
 
 def _timer_fix(cfg: SimConfig) -> dict[str, Any]:
-    fix: dict[str, Any] = {"config": {"timers.throughput.synchronized": False}}
+    """`timers.throughput.synchronized` exists from DeepSpeed 0.14.3 (#5363); before, the fix is the upgrade
+    alone (a fix never names a config key the job's version does not have)."""
     if not cfg.deepspeed_at_least("0.14.3"):
-        fix["upgrade"] = "deepspeed>=0.14.3"
-    return fix
+        return {"upgrade": "deepspeed>=0.14.3"}
+    return {"config": {"timers.throughput.synchronized": False}}
 
 
 def _hpz_fix(cfg: SimConfig) -> dict[str, Any]:
