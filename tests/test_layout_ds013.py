@@ -76,7 +76,9 @@ def test_nccl_214_kernels_and_sizes_only_in_input_dims(seed: Path) -> None:
         "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
     }
     comms = [e for e in evs if e.get("name") == "record_param_comms"]
-    assert comms and all(set(e["args"]) <= {"External id", "Record function id", "Ev Idx"} for e in comms)
+    assert comms and all(
+        set(e["args"]) <= {"External id", "Trace name", "Trace iteration", "Profiler Event Index"} for e in comms
+    )
     ranges = [e for e in evs if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:")]
     assert ranges and all(
         isinstance(e["args"]["Input Dims"][0][0], int) and e["args"]["Input type"][0] in ("c10::BFloat16", "float")
@@ -176,3 +178,28 @@ def test_a_version_with_the_key_keeps_it_and_needs_no_upgrade() -> None:
     f = _drop_applied(_timer(TIMER_FIX), JobContext(deepspeed_version="0.19.8"))
     assert f.fix == Fix(config={"timers.throughput.synchronized": False})
     assert f.why == "why"
+
+
+CONTROL = Path(__file__).resolve().parents[2] / "shared" / "traces" / "nccl-single-rank" / "control.json.gz"
+
+
+@pytest.mark.skipif(not CONTROL.is_file(), reason="../shared/traces absent")
+def test_the_layout_matches_a_real_2022_kineto_trace(seed: Path) -> None:
+    """HTA's trace_diff/control (August 2022, the Kineto generation torch 1.13 shipped): the same top-level keys,
+    flow names, record_param_comms without sizes and the nccl:* range's shape args."""
+    real, ours = json.loads(gzip.decompress(CONTROL.read_bytes())), document(seed)
+    assert set(real) - {"deviceProperties"} <= set(ours) - {"with_stack", "host_name", "traceName"}
+    assert set(real["distributedInfo"]) == set(ours["distributedInfo"])
+
+    def shape(doc: dict[str, Any]) -> tuple[set, set, set]:
+        """(flow cat/name pairs, record_param_comms arg keys, nccl:* user_annotation arg keys)"""
+        evs = doc["traceEvents"]
+        flows = {(e["cat"], e["name"]) for e in evs if e.get("ph") in ("s", "f")}
+        comms = {k for e in evs if e.get("name") == "record_param_comms" for k in e["args"]}
+        nccl = [e for e in evs if e.get("cat") == "user_annotation" and e.get("name", "").startswith("nccl:")]
+        return flows, comms, {k for e in nccl for k in e["args"]}
+
+    (real_flows, real_comms, real_ranges), (flows, comms, ranges) = shape(real), shape(ours)
+    assert flows == real_flows
+    assert comms <= real_comms  # no message sizes in either
+    assert {"Input Dims", "Input type"} <= ranges & real_ranges

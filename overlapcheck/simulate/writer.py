@@ -7,7 +7,8 @@ ZeRO-3 trace): GPU rows are pid = device, tid = stream; CPU rows pid = process, 
 id of the CUDA correlation.
 
 The ds013 layout (`SimConfig.layout`) writes the same run as torch 1.13.1's Kineto did (docs/simulator.md,
-Layouts): absolute `ts` and no `baseTimeNanoseconds`, `async_cpu_to_gpu` flows, no `cuda_sync` events,
+Layouts; compared with the 2022 trace ../shared/traces/nccl-single-rank/control.json.gz): absolute `ts` and no
+`baseTimeNanoseconds`, `async_cpu_to_gpu` flows, `Trace name` / `Profiler Event Index` args, no `cuda_sync` events,
 `record_param_comms` without message sizes (torch 1.13 recorded none), `Input Dims` / `Input type` on the
 `nccl:*` range instead, no `c10d::_*_base_` dispatcher ops, and the side and NCCL streams numbered as one
 stream pool.
@@ -108,7 +109,11 @@ def trace_document(cfg: SimConfig, run: RankRun) -> dict[str, Any]:
             continue
         ts, dur = run.span(ev.ts, ev.ts + ev.dur)
         args = _ds013_cpu(ev.name, dict(ev.args), last_comm, ev.tid) if ds013 else dict(ev.args)
-        if ev.cat != "cuda_runtime":
+        if ev.cat != "cuda_runtime" and ds013:  # Kineto of 2022 (the real trace nccl-single-rank/control)
+            args.pop("Record function id", None)
+            args = {"Trace name": "PyTorch Profiler", "Trace iteration": 0, **args, "Profiler Event Index": ev_idx}
+            ev_idx += 1
+        elif ev.cat != "cuda_runtime":
             args["Ev Idx"] = ev_idx
             ev_idx += 1
         events.append(
