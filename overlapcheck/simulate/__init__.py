@@ -73,6 +73,7 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
             "baseTimeNanoseconds": BASE_TIME_NS,
             "ts_origin_us": TS_ORIGIN_US,
             "clock_offset_us": list(cfg.clock_offset_us),
+            **({"ts_is_absolute": True} if cfg.layout == "ds013" else {}),  # ts = baseTimeNanoseconds/1000 + ...
         },
         "step_time_us": round(step_us, 3),
         "causes": cause_costs(cfg, causes, step_us, costs),

@@ -226,9 +226,7 @@ def trace_document(cfg: SimConfig, run: RankRun) -> dict[str, Any]:
             "ts": start,
         }
     )
-    if ds013:  # Kineto of torch 1.13 writes absolute µs since the epoch and no baseTimeNanoseconds
-        for event in events:
-            event["ts"] = round(event["ts"] + BASE_TIME_NS / 1000, 3)
+    if ds013:  # Kineto of torch 1.13 writes absolute µs since the epoch (RankRun.epoch_us), no baseTimeNanoseconds
         return {
             "schemaVersion": 1,
             "deviceProperties": device_properties(cfg),
