@@ -134,17 +134,22 @@ def test_sizes_come_from_input_dims_and_the_deferral_is_costed(seed: Path) -> No
     assert report.bandwidth.kinds["all_gather"].bytes_per_step == pytest.approx(moved)
 
 
-def test_without_shapes_the_deferral_is_costed_from_the_gradient_copies(seed: Path, tmp_path: Path) -> None:
-    """record_shapes off: no size anywhere but the bucket copies; the cost is what was measured less the last
-    bucket at the best rate, never 0 beside a '100 % exposed' text."""
-    out = tmp_path / "no-shapes"
+def strip(seed: Path, out: Path, keys: tuple[str, ...]) -> Path:
+    """A copy of the set without these args on any event."""
     shutil.copytree(seed, out)
     for path in out.glob("rank*.trace.json.gz"):
         doc = json.loads(gzip.decompress(path.read_bytes()))
         for e in doc["traceEvents"]:
-            for key in ("Input Dims", "Input type"):
+            for key in keys:
                 e.get("args", {}).pop(key, None)
         path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return out
+
+
+def test_without_shapes_the_deferral_is_costed_from_the_gradient_copies(seed: Path, tmp_path: Path) -> None:
+    """record_shapes off: no size anywhere but the bucket copies; the cost is what was measured less the last
+    bucket at the best rate, never 0 beside a '100 % exposed' text."""
+    out = strip(seed, tmp_path / "no-shapes", ("Input Dims", "Input type"))
     report = analyze(out, jobs=1)
     planted = truth(seed)["causes"][0]
     first = report.findings[0]
@@ -156,6 +161,16 @@ def test_without_shapes_the_deferral_is_costed_from_the_gradient_copies(seed: Pa
     assert 0 < ev["inherent_us_per_step"] < ev["deferred_exposed_us_per_step"]
     assert ev["best_rate_gbps"] > 0
     assert abs(first.cost_us / planted["cost_us"] - 1) < 0.15
+
+
+def test_without_any_size_the_whole_exposed_time_is_the_cost(seed: Path, tmp_path: Path) -> None:
+    """No shapes and no copy sizes either: the last bucket is unknown; an upper bound, said so, never 0."""
+    out = strip(seed, tmp_path / "no-sizes", ("Input Dims", "Input type", "bytes"))
+    first = analyze(out, jobs=1).findings[0]
+    assert first.rule == "reduce-scatter-deferred"
+    assert (first.evidence["volume_from"], first.evidence["inherent_us_per_step"]) == ("none", 0.0)
+    assert first.cost_us >= truth(seed)["causes"][0]["cost_us"]
+    assert "upper bound" in first.why and "100% exposed" in first.why
 
 
 def _timer(fix: Fix) -> Finding:

@@ -164,6 +164,8 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
         else f"{exposed_text}{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, so it "
         f"cannot overlap backward compute (reduce_bucket_size {sci(bucket)})"
     )
+    if measured is not None and measured["source"] == "none":
+        why += "; the trace has no message size, so the cost is the whole exposed time (an upper bound)"
     evidence = {
         "reduce_bucket_size": bucket,
         "reduce_bucket_size_from": bucket_src,
