@@ -67,13 +67,19 @@ def bus_factor(kind: str, n: int) -> float:
 
 
 def message_bytes(model: TraceModel) -> np.ndarray:
-    """Per GPU activity, the collective's size in bytes (max(in, out) x element size), -1 when unknown."""
+    """Per GPU activity, the collective's size in bytes (max(in, out) x element size), -1 when unknown. An
+    all-gather known only by its input (the `Input Dims` of its nccl:* op in traces without record_param_comms
+    sizes, torch < 2.1) is its shard: the output is the shard x the group size."""
     g = model.gpu
     if not len(g):
         return np.zeros(0, dtype=np.int64)
     sizes = np.array([DTYPE_BYTES.get(model.name(d), -1) if d >= 0 else -1 for d in range(-1, len(model.names))])
     elem = sizes[g.dtype + 1]
     n = np.maximum(g.nelems, g.out_nelems)
+    shard = (g.coll == C.COLLECTIVES.index("all_gather")) & (g.out_nelems < 0) & (g.nelems > 0)
+    if shard.any():
+        groups = group_sizes(model)
+        n = np.where(shard & (groups > 0), g.nelems * np.maximum(groups, 1), n)
     ok = (g.cls == C.COMM) & (n > 0) & (n < 1 << 52) & (elem > 0)  # a larger count is not a real message
     return np.where(ok, np.where(ok, n, 0) * elem, -1).astype(np.int64)
 

@@ -23,6 +23,11 @@ from overlapcheck.errors import UserError
 @click.option("--torch-version", help="torch version (stream of sync collectives, trace schema).")
 @click.option("--nccl-version", help="NCCL version (kernel names); default follows --torch-version.")
 @click.option("--deepspeed-version", help="DeepSpeed version (call stacks, fixed behaviours).")
+@click.option(
+    "--layout",
+    type=click.Choice(["default", "ds013"]),
+    help="How the traces are written: ds013 = DeepSpeed 0.13.3 + torch 1.13.1 + NCCL 2.14 (DS #5201's stack).",
+)
 @click.option("--force", is_flag=True, help="Overwrite a non-empty output directory.")
 def command(scenario: str, out: Path | None, list_presets: bool, force: bool, **options) -> None:
     """Simulate a DeepSpeed ZeRO-3 job: one Kineto trace per rank, truth.json and ds_config.json.

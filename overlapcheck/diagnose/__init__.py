@@ -333,20 +333,47 @@ def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+# ds_config keys (a dotted prefix) that DeepSpeed reads only from a version on (docs/rules.md, Fixes by version)
+CONFIG_SINCE = {"timers.throughput": "0.14.3"}  # ThroughputTimer config, DeepSpeed #5363
+
+
 def _drop_applied(f: Finding, job: JobContext) -> Finding:
     """Remove from a fix what the job already has: an upgrade to a DeepSpeed it runs, an environment variable to
-    unset that its environment does not set (when the job context records them)."""
+    unset that its environment does not set (when the job context records them). And keep out of it the config
+    keys the job's DeepSpeed does not have (CONFIG_SINCE): known older than the key, or older than an upgrade the
+    fix already asks for; the fix becomes that upgrade, and the reason says what to set once upgraded."""
     fix = f.fix
     upgrade = fix.upgrade
     wanted = upgrade.split(">=", 1)[1] if isinstance(upgrade, str) and upgrade.startswith("deepspeed>=") else None
+    config, why = fix.config, f.why
+    missing = {
+        key: since
+        for key in fix.config or {}
+        for prefix, since in CONFIG_SINCE.items()
+        if key == prefix or key.startswith(prefix + ".")
+        if (_version(job.deepspeed_version) < _version(since) if job.deepspeed_version else False)
+        or (not job.deepspeed_version and wanted is not None and _version(wanted) >= _version(since))
+    }
+    if missing and fix.config is not None:
+        config = {k: v for k, v in fix.config.items() if k not in missing} or None
+        newest = max(missing.values(), key=_version)
+        if wanted is None or _version(wanted) < _version(newest):
+            upgrade, wanted = f"deepspeed>={newest}", newest
+        keys = ", ".join(f"{k}: {_json(fix.config[k])}" for k in missing)
+        why = f"{f.why}; the key exists from DeepSpeed {newest}: upgrade, then set {keys}"
     if wanted and job.deepspeed_version and _version(job.deepspeed_version) >= _version(wanted):
         upgrade = None
     env = fix.env
     if env is not None and job.env is not None:
         env = {k: v for k, v in env.items() if v is not None or k in job.env} or None
-    if upgrade == fix.upgrade and env == fix.env:
+    if upgrade == fix.upgrade and env == fix.env and config == fix.config:
         return f
-    return dataclasses.replace(f, fix=Fix(config=fix.config, env=env, upgrade=upgrade))
+    return dataclasses.replace(f, why=why, fix=Fix(config=config, env=env, upgrade=upgrade))
+
+
+def _json(value: object) -> str:
+    """A config value as the ds_config JSON writes it (false, 5e7 as an integer)."""
+    return "true" if value is True else "false" if value is False else "null" if value is None else str(value)
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -73,6 +73,7 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
             "baseTimeNanoseconds": BASE_TIME_NS,
             "ts_origin_us": TS_ORIGIN_US,
             "clock_offset_us": list(cfg.clock_offset_us),
+            **({"ts_is_absolute": True} if cfg.layout == "ds013" else {}),  # ts = baseTimeNanoseconds/1000 + ...
         },
         "step_time_us": round(step_us, 3),
         "causes": cause_costs(cfg, causes, step_us, costs),
@@ -88,6 +89,9 @@ def ds_config_document(cfg: SimConfig) -> dict[str, Any]:
     """ds_config.json: the job's DeepSpeed config plus what diagnosis may need about the job."""
     doc = cfg.ds_config()
     m = cfg.model
+    if cfg.layout == "ds013":  # DS #5201's traces came with the DeepSpeed config alone: the model size is unknown
+        doc["_overlapcheck_job"] = _job(cfg)
+        return doc
     doc["_overlapcheck_model"] = {
         "parameters": m.parameters,
         "hidden": m.hidden,
@@ -95,7 +99,13 @@ def ds_config_document(cfg: SimConfig) -> dict[str, Any]:
         "vocab": m.vocab,
         "seq_len": m.seq_len,
     }
-    doc["_overlapcheck_job"] = {
+    doc["_overlapcheck_job"] = _job(cfg)
+    return doc
+
+
+def _job(cfg: SimConfig) -> dict[str, Any]:
+    """What a run manifest would say about the job (cluster shape, versions, environment)."""
+    return {
         "nodes": cfg.nodes,
         "gpus_per_node": cfg.gpus_per_node,
         "gpu": cfg.gpu,
@@ -104,7 +114,6 @@ def ds_config_document(cfg: SimConfig) -> dict[str, Any]:
         "nccl": cfg.nccl_version,
         "env": cfg.env(),
     }
-    return doc
 
 
 def generate(scenario: str, out: Path, force: bool = False, costs: bool = True, **options: Any) -> dict[str, Any]:

@@ -54,7 +54,18 @@ class ModelSpec:
         return self.embed_params + self.layers * self.block_params
 
 
-LATE_FIELDS = ("straggler_scope", "host_delay_rank", "host_delay_us", "user_wait_stream", "backward_host_us")
+LATE_FIELDS = (
+    "straggler_scope",
+    "host_delay_rank",
+    "host_delay_us",
+    "user_wait_stream",
+    "backward_host_us",
+    "layout",
+)
+# how the trace files are written (docs/simulator.md, Layouts): "default" follows the versions' own switches;
+# "ds013" writes what DeepSpeed 0.13.3 + torch 1.13.1 + NCCL 2.14 wrote (DS #5201's stack)
+LAYOUTS = ("default", "ds013")
+DS013_VERSIONS = {"torch_version": "1.13.1", "deepspeed_version": "0.13.3", "nccl_version": "2.14.3"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,7 @@ class SimConfig:
     host_delay_us: float = 0.0
     user_wait_stream: bool = False  # a user grad hook: current_stream().wait_stream(reduce stream) per gradient
     backward_host_us: float = 0.0  # extra Python time per hooked module in backward (deep module trees)
+    layout: str = "default"  # one of LAYOUTS
 
     @property
     def world_size(self) -> int:

@@ -8,6 +8,12 @@ Names and first lines are those of DeepSpeed 0.19.8 (the installed source, and t
 knowledge/zero3-overlap.md use their v0.13.3 lines (fetch_sub_module 261, __add_grad_to_ipg_bucket 1230,
 __reduce_and_partition_ipg_grads 1249, independent_gradient_partition_epilogue 1082, partition_grads
 1418, timed_op 121); the others keep their 0.19.8 lines.
+
+The ds013 layout (DeepSpeed 0.13.3 on torch 1.13.1) also writes that stack's shape of the frames: 0.13.3's
+fetch_sub_module is one function (no _fetch_sub_module_impl, added later), reduce_independent_p_g_buckets_and_
+remove_grads starts at line 1213, torch 1.13 has no torch/utils/_contextlib.py (no_grad's decorate_context is in
+torch/autograd/grad_mode.py) and no torch/autograd/graph.py _engine_run_backward (backward calls
+Variable._execution_engine.run_backward directly). docs/simulator.md lists which lines were checked.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ WAIT_STREAM = "torch/cuda/streams.py(65): wait_stream"
 
 NVTX = "deepspeed/utils/nvtx.py(30): wrapped_fn"
 CTX = "torch/utils/_contextlib.py(120): decorate_context"
+CTX_113 = "torch/autograd/grad_mode.py(27): decorate_context"  # torch 1.13: no torch/utils/_contextlib.py
 Z = "deepspeed/runtime/zero/"
 
 
@@ -51,6 +58,8 @@ class Frames:
 
     def __init__(self, cfg: SimConfig):
         self.line = _NEW if cfg.deepspeed_at_least("0.14") else _OLD
+        self.ds013 = cfg.layout == "ds013"
+        self.ctx = CTX_113 if self.ds013 else CTX
 
     def train_step(self) -> tuple[str, ...]:
         return ("train.py(112): <module>", "train.py(100): main", "train.py(77): step")
@@ -64,6 +73,8 @@ class Frames:
         return (USER_GRAD_HOOK, WAIT_STREAM)
 
     def engine_forward(self) -> tuple[str, ...]:
+        if self.ds013:
+            return ("torch/nn/modules/module.py(1190): _call_impl", "deepspeed/runtime/engine.py(2982): forward")
         return ("torch/nn/modules/module.py(1782): _call_impl", "deepspeed/runtime/engine.py(2982): forward")
 
     def pre_forward_hook(self) -> tuple[str, ...]:
@@ -73,6 +84,8 @@ class Frames:
         return (f"{Z}parameter_offload.py(455): _run_before_backward_function",)
 
     def fetch(self) -> tuple[str, ...]:
+        if self.ds013:  # one function in 0.13.3, decorated with @instrument_w_nvtx and @torch.no_grad()
+            return (NVTX, self.ctx, f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module")
         return (
             NVTX,
             f"{Z}partitioned_param_coordinator.py({self.line['fetch']}): fetch_sub_module",
@@ -101,14 +114,14 @@ class Frames:
     def grad_hook(self) -> tuple[str, ...]:
         return (
             f"{Z}stage3.py(1508): reduce_partition_and_remove_grads",
-            f"{Z}stage3.py(1569): reduce_independent_p_g_buckets_and_remove_grads",
+            f"{Z}stage3.py({1213 if self.ds013 else 1569}): reduce_independent_p_g_buckets_and_remove_grads",
         )
 
     def add_grad(self) -> tuple[str, ...]:
         return (f"{Z}stage3.py({self.line['add_grad']}): __add_grad_to_ipg_bucket",)
 
     def reduce_ipg(self) -> tuple[str, ...]:
-        return (NVTX, CTX, f"{Z}stage3.py({self.line['reduce_ipg']}): __reduce_and_partition_ipg_grads")
+        return (NVTX, self.ctx, f"{Z}stage3.py({self.line['reduce_ipg']}): __reduce_and_partition_ipg_grads")
 
     def reduce_scatter(self) -> tuple[str, ...]:
         return (
@@ -130,6 +143,8 @@ class Frames:
         return ("deepspeed/runtime/engine.py(3381): backward",)
 
     def loss_backward(self) -> tuple[str, ...]:
+        if self.ds013:  # torch 1.13: run_backward is called from torch/autograd/__init__.py itself
+            return ("torch/_tensor.py(487): backward", "torch/autograd/__init__.py(197): backward")
         return (
             "torch/_tensor.py(566): backward",
             "torch/autograd/__init__.py(255): backward",

@@ -19,6 +19,8 @@ OWN_SIZE = {
     "degraded-network": {},  # 2x4: the slow network must dominate the exposed time (2x1 also has schedule waits)
 }
 SETS: dict[str, tuple[str, dict]] = {name: (name, OWN_SIZE.get(name, SMALL)) for name in SAMPLE_PRESETS}
+# the seed (its own 4x8 cluster) as its own stack wrote it: DeepSpeed 0.13.3, torch 1.13.1, NCCL 2.14
+SETS["seed-5201-ds013"] = ("seed-5201", {"layout": "ds013"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -172,10 +172,11 @@ class Cause:
 
 
 def _timer_fix(cfg: SimConfig) -> dict[str, Any]:
-    fix: dict[str, Any] = {"config": {"timers.throughput.synchronized": False}}
+    """`timers.throughput.synchronized` exists from DeepSpeed 0.14.3 (#5363); before, the fix is the upgrade
+    alone (a fix never names a config key the job's version does not have)."""
     if not cfg.deepspeed_at_least("0.14.3"):
-        fix["upgrade"] = "deepspeed>=0.14.3"
-    return fix
+        return {"upgrade": "deepspeed>=0.14.3"}
+    return {"config": {"timers.throughput.synchronized": False}}
 
 
 def _hpz_fix(cfg: SimConfig) -> dict[str, Any]:
@@ -297,7 +298,7 @@ def parse_scenario(name: str) -> list[str]:
 
 def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
     """The config of scenario `name` (`a+b` applies a then b) with CLI options; and its causes."""
-    from overlapcheck.simulate.config import version_tuple
+    from overlapcheck.simulate.config import DS013_VERSIONS, LAYOUTS, version_tuple
 
     parts = parse_scenario(name)
     overrides: dict[str, Any] = dict(BASE)
@@ -314,6 +315,10 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
     for key in ("torch_version", "nccl_version", "deepspeed_version"):
         if key in given and not version_tuple(str(given[key])):
             raise UserError(f"--{key.replace('_', '-')} {given[key]!r} is not a version like 2.4.0")
+    if given.get("layout", "default") not in LAYOUTS:
+        raise UserError(f"unknown --layout {given['layout']!r}; choose {' or '.join(LAYOUTS)}")
+    if given.get("layout") == "ds013":  # that stack's versions, unless given
+        given = {**DS013_VERSIONS, **given}
     if "torch_version" in given and "nccl_version" not in given:
         torch = version_tuple(given["torch_version"])
         given["nccl_version"] = next(n for t, n in NCCL_FOR_TORCH if torch >= version_tuple(t))

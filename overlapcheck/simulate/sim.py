@@ -31,9 +31,14 @@ class RankRun:
     gpu: list[GpuOp]
     window: tuple[float, float]
     period_us: float = 0.0  # mean time between the ends of consecutive steps' GPU work (profiled steps)
+    epoch_us: float = 0.0  # added to every ts: baseTimeNanoseconds / 1000 where the layout writes absolute time
 
     def ts(self, t: float) -> float:
-        """A simulator time as written in the trace (µs, 3 decimals, this node's clock)."""
+        """A simulator time as written in the trace (µs, 3 decimals, this node's clock). With `epoch_us` (the
+        ds013 layout: absolute µs since the epoch, as torch 1.13's Kineto wrote) the value is the float the trace
+        holds (0.25 µs steps at 1.79e15), so that truth.json states exactly what the reader sees."""
+        if self.epoch_us:
+            return float(self.epoch_us + round(TS_ORIGIN_US + self.offset_us + t, 3))
         return round(TS_ORIGIN_US + self.offset_us + t, 3)
 
     def span(self, start: float, end: float) -> tuple[float, float]:
@@ -115,4 +120,5 @@ def _window(cfg: SimConfig, rank: int, host: Host, device: Device, marks: list[f
         gpu,
         (start, end),
         step_period(device, marks, cfg.steps),
+        BASE_TIME_NS / 1000 if cfg.layout == "ds013" else 0.0,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 Id = int | str | None
@@ -29,6 +31,9 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     wait_on_stream: int | None = None
     wait_on_event_corr: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
     nbytes: int | None = msgspec.field(default=None, name="bytes")
+    # record_shapes: read on the nccl:* ops of traces without record_param_comms sizes (torch < 2.1)
+    input_dims: list[Any] | None = msgspec.field(default=None, name="Input Dims")
+    input_type: list[Any] | None = msgspec.field(default=None, name="Input type")
 
 
 class Event(msgspec.Struct, frozen=True, gc=False):

@@ -87,6 +87,19 @@ FLOW_COLUMNS = {"start": np.float64, "thread": np.int32, "correlation": np.int64
 # the op torch wraps each collective in, with the message sizes it records: the fallback for NCCL kernels without
 # size args, resolved in `ModelBuilder._build` (its few rows kept aside, not a table of the TraceModel)
 RECORD_PARAM_COMMS = "record_param_comms"
+# torch < 2.1 recorded no sizes on record_param_comms; with record_shapes the `nccl:*` range ProcessGroupNCCL
+# opens carries its input tensor's `Input Dims` / `Input type`: the second fallback, after record_param_comms
+SHAPES_NOTE = "message sizes from the Input Dims of the nccl:* ops"
+_TORCH_DTYPE = {
+    "c10::BFloat16": "BFloat16",
+    "c10::Half": "Half",
+    "float": "Float",
+    "double": "Double",
+    "long int": "Long",
+    "int": "Int",
+    "signed char": "Char",
+    "unsigned char": "Byte",
+}
 
 # kinds of CPU-side ops
 CPU_OP, ANNOTATION, PYTHON = 0, 1, 2
@@ -226,6 +239,7 @@ class ModelBuilder:
         self.flows = _Columns(FLOW_COLUMNS)
         # record_param_comms: (start, end, thread, nelems, out_nelems, dtype, group size, process group)
         self.comms: list[tuple[float, float, int, int, int, str | None, int, str | None]] = []
+        self.shapes: list[tuple[float, float, int, int, int, str | None, int, str | None]] = []  # same, nccl:*
         self.steps: list[tuple[int, float, float]] = []
         self._threads: dict[tuple[Any, Any], int] = {}
         self._thread_names: dict[tuple[Any, Any], str] = {}
@@ -291,6 +305,8 @@ class ModelBuilder:
                 op_rows.append((ts, end, thread, idx, kind))
                 if name == RECORD_PARAM_COMMS:
                     self._add_comms(ts, end, thread, ev)
+                elif name.startswith("nccl:"):
+                    self._add_shapes(ts, end, thread, ev)
                 elif kind != PYTHON and name.startswith("ProfilerStep#"):
                     m = _STEP.match(name)
                     if m:
@@ -350,6 +366,23 @@ class ModelBuilder:
                 str(pg_value) if pg_value is not None else None,
             )
         )
+
+    def _add_shapes(self, ts: float, end: float, thread: int, ev: Event) -> None:
+        """A `nccl:*` op with the shape of its input tensor (`record_shapes=True`): its elements and dtype, the
+        collective's input size (reduce-scatter: the whole buffer; all-gather: this rank's shard)."""
+        a = ev.args
+        if a is None or a.input_dims is None:
+            return
+        dims, types = a.input_dims, a.input_type
+        if not (dims and isinstance(dims[0], list) and dims[0]):
+            return
+        if not all(type(d) is int and d >= 0 for d in dims[0]):
+            return
+        n = 1
+        for d in dims[0]:
+            n *= d
+        dtype = _TORCH_DTYPE.get(types[0]) if isinstance(types, list) and types and isinstance(types[0], str) else None
+        self.shapes.append((ts, end, thread, n if n < _INT64 else -1, -1, dtype, -1, None))
 
     def _add_other(self, ev: Event) -> None:
         """A flow start (CPU side of a correlation) or a thread_name metadata event."""
@@ -417,6 +450,7 @@ class ModelBuilder:
             "thread_names": self._thread_names,
             "steps": self.steps,
             "comms": self.comms,
+            "shapes": self.shapes,
             "tables": tables,
             "counts": self._counts(),
         }
@@ -444,6 +478,7 @@ class ModelBuilder:
             getattr(self, family).append(data)
         self.steps.extend(part["steps"])
         self.comms.extend((*c[:2], int(threads[c[2]]), *c[3:]) for c in part.get("comms", []))
+        self.shapes.extend((*c[:2], int(threads[c[2]]), *c[3:]) for c in part.get("shapes", []))
         self._thread_names.update(part["thread_names"])
         for key, n in part.get("counts", {}).items():
             if key == "bad_durations":
@@ -470,7 +505,11 @@ class ModelBuilder:
         tables = {family: getattr(self, family).table() for family in _FAMILIES}
         notes = self._notes()
         if self.comms and len(tables["gpu"]):
-            self._sizes_from_comms(tables["gpu"], tables["runtime"])
+            self._sizes_from_comms(tables["gpu"], tables["runtime"], self.comms)
+        if self.shapes and len(tables["gpu"]):
+            filled = self._sizes_from_comms(tables["gpu"], tables["runtime"], self.shapes)
+            if filled:
+                notes.append(f"{SHAPES_NOTE} ({filled} collectives; the traces have no record_param_comms sizes)")
         kind_from = kinds_from_launch(self.names, tables["gpu"], tables["runtime"], tables["ops"])
         tables["gpu"] = tables["gpu"].with_column("kind_from", kind_from)
         steps_table = Table(
@@ -509,16 +548,17 @@ class ModelBuilder:
             notes=notes,
         )
 
-    def _sizes_from_comms(self, gpu: Table, runtime: Table) -> None:
+    def _sizes_from_comms(self, gpu: Table, runtime: Table, rows: list[tuple]) -> int:
         """Fill in place, for the NCCL kernels without `In msg nelems` / `Out msg nelems` (torch < 2.2), the
         sizes, dtype, group size and process group of the `record_param_comms` op that launched them: the
         innermost one on the launching thread enclosing the kernel's launch (its runtime call, by correlation).
         That is the op Kineto's `External id` names, or the one around it when the External id names an op
-        inside record_param_comms. Values the kernel has stay; only its unknown (-1) ones are taken."""
+        inside record_param_comms. Values the kernel has stay; only its unknown (-1) ones are taken. `rows`:
+        self.comms, or self.shapes (the nccl:* ops' Input Dims) for the kernels still without sizes. Returns how
+        many kernels got sizes."""
         need = np.flatnonzero((gpu.cls == C.COMM) & (gpu.nelems < 0) & (gpu.out_nelems < 0))
         if not len(need) or not len(runtime):
-            return
-        rows = self.comms
+            return 0
         c_start = np.array([r[0] for r in rows], dtype=np.float64)
         c_end = np.array([r[1] for r in rows], dtype=np.float64)
         c_thread = np.array([r[2] for r in rows], dtype=np.int64)
@@ -543,10 +583,12 @@ class ModelBuilder:
             cand = order[lo + np.maximum(i, 0)]
             inside = (i >= 0) & (c_end[cand] >= when[mine])
             found[mine[inside]] = cand[inside]
+        filled = 0
         for row, src in zip(need[found >= 0].tolist(), found[found >= 0].tolist(), strict=True):
             _, _, _, n, out_n, dtype, group, pg = rows[src]
             if not (-1 <= n < _INT64 and -1 <= out_n < _INT64):
                 continue  # out of the column's range: left unknown
+            filled += 1
             gpu.nelems[row], gpu.out_nelems[row] = n, out_n
             if gpu.dtype[row] < 0 and dtype is not None:
                 gpu.dtype[row] = self.intern(dtype)
@@ -554,6 +596,7 @@ class ModelBuilder:
                 gpu.group[row] = group
             if gpu.pg[row] < 0 and pg is not None:
                 gpu.pg[row] = self.intern(pg)
+        return filled
 
     def _notes(self) -> list[str]:
         counts = self._counts()

@@ -17,6 +17,7 @@ from overlapcheck.diagnose.locators import exposed_blames
 from overlapcheck.diagnose.rule import Rule
 from overlapcheck.model import Finding
 from overlapcheck.trace import classify as C
+from overlapcheck.trace.model import SHAPES_NOTE
 
 DEFERRED_SHARE = 0.5  # share of a step's reduce-scatter elements flushed after backward
 RECOMMENDED_BUCKET = 50_000_000  # the size DeepSpeed's ZeRO-3 examples and HF `auto` land near for 1-10B models
@@ -138,14 +139,23 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
     target = recommended_bucket(params)
     costs, steps = [], []
     copies = _gradient_copies(view)
+    measured = _measured_volume(view, copies) if not elems_step else None
+    if measured is not None:
+        elems_step = int(measured["elements_per_step"])
     covers = iv.subtract(iv.union(g.start[after], g.end[after]), view.compute)
+    exposures, inherent = [], 0.0
     for step in np.unique(view.gpu_step[after]).tolist():
         rows = view.step_rows[step]
         sel = rows[after[rows]]
         exposed = iv.length(iv.subtract(iv.union(g.start[sel], g.end[sel]), view.compute))
-        frac = last_bucket_fraction(view, rows, target, elems_step, copies)
-        costs.append(exposed * (1.0 - frac))
+        if measured is None:
+            frac = last_bucket_fraction(view, rows, target, elems_step, copies)
+            costs.append(exposed * (1.0 - frac))
+        else:
+            exposures.append((rows, exposed))
         steps.append(int(step))
+    if measured is not None:
+        costs, inherent = _measured_costs(view, rs, exposures, target, elems_step, copies, measured)
     cost = sum(costs) / view.n_steps
     fits = params is not None and bucket >= params
     rs_overlap = view.metrics.overlap("reduce_scatter")
@@ -158,6 +168,8 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
         else f"{exposed_text}{share:.0%} of the reduce-scatter volume is flushed after the last backward kernel, so it "
         f"cannot overlap backward compute (reduce_bucket_size {sci(bucket)})"
     )
+    if measured is not None and measured["source"] == "none":
+        why += "; the trace has no message size, so the cost is the whole exposed time (an upper bound)"
     evidence = {
         "reduce_bucket_size": bucket,
         "reduce_bucket_size_from": bucket_src,
@@ -167,6 +179,17 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
         "reduce_scatters_per_step": round(float(rs.sum()) / view.n_steps, 2),
         "deferred_exposed_us_per_step": round(sum(costs) / view.n_steps, 3),
     }
+    if any(note.startswith(SHAPES_NOTE) for note in view.model.notes):
+        evidence["sizes_from"] = "Input Dims"  # torch < 2.1: the nccl:* ops' input shapes, no record_param_comms
+    if measured is not None:  # no message sizes and no parameter count: costed from what the trace measured
+        evidence.update(
+            {
+                "volume_from": measured["source"],
+                "reduce_scatter_bytes_per_step": measured["bytes_per_step"],
+                "best_rate_gbps": measured["best_rate_gbps"],
+                "inherent_us_per_step": round(inherent / view.n_steps, 3),
+            }
+        )
     fix = make_fix(view.config, {"zero_optimization.reduce_bucket_size": target})
     return [
         finding(
@@ -181,6 +204,58 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
             covers=covers,
         )
     ]
+
+
+def _gradient_element_bytes(view: RankFacts) -> int:
+    """Bytes of one gradient element: 2 when the config trains in bf16 or fp16 (DeepSpeed keeps the gradients
+    of the bit16 parameters in that type), else 4."""
+    half = config_value(view.config, "bf16.enabled") or config_value(view.config, "fp16.enabled")
+    return 2 if half else 4
+
+
+def _measured_volume(view: RankFacts, copies: np.ndarray) -> dict[str, Any]:
+    """The step's reduce-scatter volume when neither the trace's message sizes nor the parameter count say it:
+    the bytes of the gradient copies into the bucket (`__add_grad_to_ipg_bucket` copy_, device-to-device
+    memcpy activities with `bytes`), which are every trainable gradient once per step; `source` "none" with
+    zero bytes when the trace has no such copies either."""
+    in_steps = view.gpu_step >= 0 if len(view.model.steps) else np.ones(len(view.gpu), dtype=bool)
+    copied = float(view.gpu.nbytes[copies & in_steps].sum()) / view.n_steps
+    elem = _gradient_element_bytes(view)
+    return {
+        "source": "gradient copies" if copied > 0 else "none",
+        "bytes_per_step": int(copied),
+        "elements_per_step": int(copied / elem),
+        "best_rate_gbps": None,
+    }
+
+
+def _measured_costs(
+    view: RankFacts,
+    rs: np.ndarray,
+    exposures: list[tuple[np.ndarray, float]],
+    target: int,
+    elems_step: int,
+    copies: np.ndarray,
+    measured: dict[str, Any],
+) -> tuple[list[float], float]:
+    """Per step: the exposed after-backward reduce-scatter time less the inherent part, the last bucket of the
+    recommended size moved at the best rate measured (the step's gradient bytes over its reduce-scatter kernel
+    time, the fastest step; a kernel's time includes waiting for peers, so the fastest is the closest to the
+    transfer). Without any volume the last bucket is unknown and the whole exposed time is the cost (an upper
+    bound). Returns the costs and the inherent µs summed over the steps; sets `measured["best_rate_gbps"]`."""
+    g = view.gpu
+    volume = float(measured["bytes_per_step"])
+    times = [float((g.end[rows[rs[rows]]] - g.start[rows[rs[rows]]]).sum()) for rows, _ in exposures]
+    best = max((volume / t for t in times if t > 0), default=0.0)  # bytes per µs
+    measured["best_rate_gbps"] = round(best * 1e6 / 1e9, 3) if best > 0 else None
+    costs, inherent = [], 0.0
+    for rows, exposed in exposures:
+        last = 0.0
+        if best > 0 and elems_step > 0:
+            last = last_bucket_fraction(view, rows, target, elems_step, copies) * volume / best
+        inherent += min(exposed, last)
+        costs.append(max(0.0, exposed - last))
+    return costs, inherent
 
 
 def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
