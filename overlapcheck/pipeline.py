@@ -15,7 +15,6 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from overlapcheck.analysis.timeline import timeline_of
 from overlapcheck.diagnose import diagnose_rank, diagnose_rank_located, merge_findings
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
+from overlapcheck.executors import Outcome, executor
 from overlapcheck.fsutil import file_size, read_json_file
 from overlapcheck.job import JobContext, Network
 from overlapcheck.model import (
@@ -225,9 +225,6 @@ def format_numbers(numbers: frozenset[int] | set[int]) -> str:
     return ",".join(out)
 
 
-Outcome = tuple[str, list[RankResult], str | None]  # (source, its ranks, error or None)
-
-
 def _worker(
     path: str, job: JobContext, options: Options, progress: Callable[[int], None] | None = None, workers: int = 1
 ) -> Outcome:
@@ -265,13 +262,15 @@ def analyze_inputs(
     options: Options | None = None,
     jobs: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    scheduler: str | None = None,
 ) -> Report:
     """The Report of `inputs`. Unreadable inputs are listed in `errors` and left out; the other ranks are still
     reported.
 
     `on_bytes(n)` is called as input bytes are consumed (n = bytes since the last call; the total is
     `inputs.total_bytes`): byte by byte within a file when ranks are read in this process, a whole file at a
-    time when they are read in parallel."""
+    time when they are read in parallel. `scheduler`: the Dask scheduler whose workers analyze the traces
+    (overlapcheck/executors.py; default: this machine, `jobs` processes)."""
     options = options or Options()
     inputs = select_ranks(inputs, options.ranks)
     outcomes: list[Outcome] = []
@@ -289,26 +288,7 @@ def analyze_inputs(
             outcome = _worker(summary.trace, job, options)  # an unreadable summary: read the rank's trace
         outcomes.append(outcome)
         advance(inputs.sizes.get(summary.path, 0))
-    cores = jobs or os.cpu_count() or 1
-    n_jobs = max(1, min(cores, len(inputs.traces)))
-    if n_jobs == 1:
-        for path in inputs.traces:
-            seen = [0]
-
-            def progress(n: int, seen: list[int] = seen) -> None:
-                advance(n - seen[0])
-                seen[0] = n
-
-            # a single file gets every core (fewer files than cores: see the pool below)
-            outcomes.append(_worker(path, job, options, progress, cores if len(inputs.traces) == 1 else 1))
-            advance(inputs.sizes.get(path, 0) - seen[0])
-    else:
-        with ProcessPoolExecutor(max_workers=n_jobs) as pool:
-            per_file = max(1, cores // len(inputs.traces))  # 2 files on 8 cores: 4 processes decode each
-            futures = [pool.submit(_worker, path, job, options, None, per_file) for path in inputs.traces]
-            for fut in as_completed(futures):
-                outcomes.append(fut.result())
-                advance(inputs.sizes.get(outcomes[-1][0], 0))
+    outcomes += executor(scheduler, jobs).run(_worker, inputs.traces, job, options, inputs.sizes, advance)
     return build_report(outcomes, inputs, job, options)
 
 
@@ -425,12 +405,14 @@ def analyze(
     jobs: int | None = None,
     steps: Sequence[int] | None = None,
     ranks: Sequence[int] | None = None,
+    scheduler: str | None = None,
 ) -> Report:
     """Analyze trace files and folders (or `overlapcheck run` folders) into a Report, as `overlapcheck analyze`
     does: `Report.to_dict()` is its JSON document. `ds_config` is the DeepSpeed config (a dict or a JSON
     file); by default the one found beside the traces. Bad input raises `overlapcheck.UserError`; files that
     cannot be read are listed in `Report.errors` and the other ranks are still reported. `steps` and `ranks`
-    restrict the analysis as `--steps` and `--ranks` do (docs/metrics.md, "Selected steps and ranks")."""
+    restrict the analysis as `--steps` and `--ranks` do (docs/metrics.md, "Selected steps and ranks");
+    `scheduler` runs the per-rank work on a Dask cluster, as `--scheduler` does (docs/scale.md)."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
@@ -441,7 +423,7 @@ def analyze(
         steps=frozenset(steps) if steps is not None else None,
         ranks=frozenset(ranks) if ranks is not None else None,
     )
-    return analyze_inputs(inputs, job_context(inputs, config), options, jobs)
+    return analyze_inputs(inputs, job_context(inputs, config), options, jobs, scheduler=scheduler)
 
 
 __all__ = ["Inputs", "Options", "ReportFormatError", "analyze", "analyze_inputs", "analyze_trace", "find_inputs"]

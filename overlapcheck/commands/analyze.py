@@ -9,6 +9,13 @@ from typing import Any
 import click
 
 FORMATS = click.Choice(["text", "json", "markdown"])
+SCHEDULER = click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Analyze the ranks on the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786, or a scheduler "
+    "file); its workers read the traces from the shared file system (docs/scale.md; pip install "
+    "'overlapcheck[dask]').",
+)
 
 
 def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -56,6 +63,7 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 "-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores)."
             ),
             click.option("--force", is_flag=True, help="Overwrite existing output files."),
+            SCHEDULER,
         ]
     ):
         func = option(func)
@@ -86,6 +94,7 @@ def run_report(
     steps: frozenset[int] | None = None,
     ranks: frozenset[int] | None = None,
     network: str | None = None,
+    scheduler: str | None = None,
 ) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
     from overlapcheck import pipeline
@@ -104,7 +113,7 @@ def run_report(
     )
     if perfetto_path and any(s.trace is not None for s in inputs.summaries):
         click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
-    report = _with_progress(inputs, job, options, jobs)
+    report = _with_progress(inputs, job, options, jobs, scheduler)
     if output:
         atomic_write(output, renderer(fmt).render(report), force)
     elif fmt == "text":
@@ -185,7 +194,7 @@ def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = No
         seen[key] = "another output"
 
 
-def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any:
+def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None, scheduler: str | None = None) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
@@ -193,7 +202,7 @@ def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any
 
     console = Console(stderr=True)
     if not console.is_terminal or inputs.count == 0:
-        return analyze_inputs(inputs, job, options, jobs)
+        return analyze_inputs(inputs, job, options, jobs, scheduler=scheduler)
     columns = (
         TextColumn(f"reading {inputs.count} file(s)"),
         BarColumn(),
@@ -203,4 +212,5 @@ def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any
     )
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("read", total=inputs.total_bytes)
-        return analyze_inputs(inputs, job, options, jobs, on_bytes=lambda n: progress.advance(task, n))
+        advance = lambda n: progress.advance(task, n)  # noqa: E731
+        return analyze_inputs(inputs, job, options, jobs, on_bytes=advance, scheduler=scheduler)
