@@ -115,7 +115,7 @@ def run_report(
         click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
     report = _with_progress(inputs, job, options, jobs, scheduler)
     if output:
-        atomic_write(output, renderer(fmt).render(report), force)
+        atomic_write(output, _text(renderer(fmt), report), force)
     elif fmt == "text":
         from rich.console import Console
 
@@ -123,7 +123,7 @@ def run_report(
 
         Console().print(*TerminalRenderer().renderables(report))
     else:
-        sys.stdout.write(str(renderer(fmt).render(report)))
+        sys.stdout.writelines(_text(renderer(fmt), report))
     if perfetto_path:
         from overlapcheck.report.perfetto import PerfettoRenderer
 
@@ -154,6 +154,12 @@ def run_report(
         for err in report.errors:
             click.echo(f"overlapcheck: error: {safe_line(err.error)}", err=True)
         sys.exit(2)
+
+
+def _text(render: Any, report: Any) -> Any:
+    """The report's text: as a stream of pieces when the renderer writes one (JSON: docs/scale.md)."""
+    stream = getattr(render, "stream", None)
+    return stream(report) if stream is not None else str(render.render(report))
 
 
 def parse_numbers(text: str | None, dash: str, option: str) -> frozenset[int] | None:
