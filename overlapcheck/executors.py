@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TYPE_CHECKING, Any, Protocol
 
+from overlapcheck.compact import Compactor
 from overlapcheck.errors import UserError
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class LocalExecutor:
         cores = self.jobs or os.cpu_count() or 1
         n_jobs = max(1, min(cores, len(paths)))
         outcomes: list[Outcome | None] = [None] * len(paths)
+        keep = _keeper()
         if n_jobs == 1:
             for i, path in enumerate(paths):
                 seen = [0]
@@ -70,14 +72,14 @@ class LocalExecutor:
                     seen[0] = n
 
                 # a single file gets every core (fewer files than cores: see the pool below)
-                outcomes[i] = worker(path, job, options, progress, cores if len(paths) == 1 else 1)
+                outcomes[i] = keep(worker(path, job, options, progress, cores if len(paths) == 1 else 1))
                 advance(sizes.get(path, 0) - seen[0])
         else:
             with ProcessPoolExecutor(max_workers=n_jobs) as pool:
                 per_file = max(1, cores // len(paths))  # 2 files on 8 cores: 4 processes decode each
                 futures = {pool.submit(worker, path, job, options, None, per_file): i for i, path in enumerate(paths)}
                 for fut in as_completed(futures):
-                    outcomes[futures[fut]] = fut.result()
+                    outcomes[futures[fut]] = keep(fut.result())
                     advance(sizes.get(paths[futures[fut]], 0))
         return [o for o in outcomes if o is not None]
 
@@ -123,6 +125,7 @@ class DaskExecutor:
         outcomes: list[Outcome | None] = [None] * len(paths)
         if not paths:
             return []
+        keep = _keeper()
         client = self.connect()
         try:
             threads = sum(client.nthreads().values()) or 1
@@ -144,7 +147,7 @@ class DaskExecutor:
             for fut in pending:
                 i = index.pop(fut.key)
                 try:
-                    outcomes[i] = fut.result()
+                    outcomes[i] = keep(fut.result())
                 except KilledWorker as exc:
                     lost = f"{paths[i]}: the Dask workers analyzing this file were lost (out of memory?): {exc}"
                     outcomes[i] = (paths[i], [], " ".join(lost.split()))
@@ -156,6 +159,17 @@ class DaskExecutor:
         finally:
             client.close()
         return [o for o in outcomes if o is not None]
+
+
+def _keeper() -> Callable[[Outcome], Outcome]:
+    """How an outcome is held once it arrives: its ranks' empty Splits and Copies shared (overlapcheck/compact.py)."""
+    compactor = Compactor()
+
+    def keep(outcome: Outcome) -> Outcome:
+        source, results, error = outcome
+        return source, [compactor.result(r) for r in results], error
+
+    return keep
 
 
 def remote(worker: Worker, path: str, cwd: str, job: JobContext, options: Options) -> Outcome:
