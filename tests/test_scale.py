@@ -83,3 +83,26 @@ def test_compact_ranks_share_their_empty_parts_and_keep_every_value(reports: lis
     empty += [c for m in out for st in m.steps for c in (st.memcpy, st.memset) if c.count == 0]
     assert len(empty) > 2 * len({repr(e) for e in empty})
     assert len({id(e) for e in empty}) == len({repr(e) for e in empty})  # one object per distinct empty value
+
+
+def test_html_shows_the_worst_ranks_past_the_limit() -> None:
+    from builders import make_report
+
+    from overlapcheck.report import html
+
+    n = html.MAX_RANKS_SHOWN + 40
+    overlaps = [0.9 - 0.8 * ((i * 37) % n) / n for i in range(n)]
+    report = make_report(n, overlaps=overlaps)
+    view = html.build_view(report)
+    shown = view["ranks"]
+    assert len(shown) == html.MAX_RANKS_SHOWN and view["n_ranks"] == n
+    worst = sorted(range(n), key=lambda i: overlaps[i])[: html.MAX_RANKS_SHOWN]
+    assert [row["rank"] for row in shown] == worst and shown[0]["worst"]
+    columns = view["crossrank"]["columns"]
+    assert [c["rank"] for c in columns] == sorted(worst)  # the per-rank chart: the same ranks, in rank order
+    page = html.HtmlRenderer().render(report)
+    assert f"the {html.MAX_RANKS_SHOWN} with the lowest overlap of {n}" in page
+    small = make_report(8)
+    assert len(html.build_view(small)["ranks"]) == 8 and "with the lowest overlap of" not in html.HtmlRenderer().render(
+        small
+    )
