@@ -3,7 +3,7 @@
 A rank's metrics are a tree of small frozen objects: per step, per phase and per collective kind a `Split`,
 per step a memcpy and a memset `Copies`. Most of them are empty (a ZeRO-3 rank runs two or three of the seven
 collective kinds; few traces have memsets), and an empty one is the same value on every rank. `compact` makes
-every rank share one object per distinct empty value (the model's dataclasses are slotted, so an object is its
+every rank share one object per distinct empty value (the model's per-rank dataclasses are slotted, so an object is its
 fields and nothing more): on tiny ranks this holds 41 of 56 Splits and all 14 Copies once per job instead of
 once per rank, about half of a rank's metrics. The values, and so every report, are unchanged (the shared
 object is chosen by `repr`, which tells 0.0 from -0.0). docs/scale.md.

@@ -217,7 +217,7 @@ class RankMetrics:
         return self.collectives[kind].exposed_us if kind in self.collectives else 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Fix:
     """A machine-applicable fix: dotted ds_config paths -> values, environment variables -> values (None: unset
     it), a pip requirement. Absent parts are omitted from the document."""
