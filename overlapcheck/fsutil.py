@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from overlapcheck.errors import UserError
@@ -189,7 +190,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = False, durable: bool = True) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], data: str | bytes | Iterable[str], force: bool = False, durable: bool = True
+) -> None:
     """Write `data` to `path` through a temp file in the same folder, so that readers see either the old file or
     the whole new one, and no temp file is left behind whatever happens (a full disk, a signal).
 
@@ -201,21 +204,24 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = 
 
     Every failure (the path exists, is a directory, its folder cannot be written, the disk is full) is a
     UserError naming `path`. `durable` fsyncs before publishing (reports); capture's own status files skip it
-    (a sync per file costs the training step ~100 ms on a busy disk, and they are rewritten anyway).
+    (a sync per file costs the training step ~100 ms on a busy disk, and they are rewritten anyway). `data` may
+    be pieces of text (a streamed report), written as they come.
     """
     path = os.fspath(path)
     target = _output_target(path, force)
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise UserError("its folder does not exist", path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
+    raw = data.encode("utf-8") if isinstance(data, str) else data if isinstance(data, bytes) else None
+    pieces: Iterable[str | bytes] = [raw] if raw is not None else data  # type: ignore[assignment]
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise UserError(f"cannot write: {exc.strerror or exc}", path) from None
     try:
         try:
-            _write_all(fd, raw)
+            for piece in pieces:
+                _write_all(fd, piece if isinstance(piece, bytes) else piece.encode("utf-8"))
             if durable:
                 os.fsync(fd)
         finally:
@@ -238,7 +244,7 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, force: bool = 
             os.unlink(tmp)
 
 
-def _publish_new(tmp: str, target: str, raw: bytes, durable: bool) -> None:
+def _publish_new(tmp: str, target: str, raw: bytes | None, durable: bool) -> None:
     """Make the complete temp file appear as `target`, failing with FileExistsError if `target` exists."""
     try:
         os.link(tmp, target)
@@ -249,7 +255,12 @@ def _publish_new(tmp: str, target: str, raw: bytes, durable: bool) -> None:
     # no hard links here: create-exclusive, then write (a reader may see it grow, but nothing is replaced)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        _write_all(fd, raw)
+        if raw is None:  # written as a stream: copy the temp file
+            with open(tmp, "rb") as src:
+                while chunk := src.read(1 << 20):
+                    _write_all(fd, chunk)
+        else:
+            _write_all(fd, raw)
         if durable:
             os.fsync(fd)
     except BaseException:

@@ -43,7 +43,7 @@ class ReportFormatError(UserError):
 # -- the document ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Split:
     """One collective kind's communication: count, time_us = |C|, overlapped_us = |C ∩ P|, exposed_us = the
     rest, overlap = overlapped / time (None without communication). docs/metrics.md."""
@@ -58,7 +58,7 @@ class Split:
 Collectives = Mapping[str, Split]  # COLLECTIVE_KEYS -> Split
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Copies:
     """memcpy or memset: count, time_us = |M|, exposed_us = |M − (compute ∪ communication)|."""
 
@@ -67,7 +67,7 @@ class Copies:
     exposed_us: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StreamStats:
     """One GPU stream (or CPU lane): its activities, busy time and activity classes."""
 
@@ -77,7 +77,7 @@ class StreamStats:
     classes: dict[str, int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PhaseMetrics:
     """Forward, backward or optimizer of one step."""
 
@@ -85,7 +85,7 @@ class PhaseMetrics:
     collectives: Collectives
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepMetrics:
     """One `ProfilerStep#N` of one rank. Its activities are those it launched; its period is the stretch of the
     rank's timeline it accounts for (from the end of the previous step's GPU work to the end of its own), and
@@ -105,7 +105,7 @@ class StepMetrics:
     period_us: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutsideSteps:
     """The activities of a rank that belong to no profiled step (or, `before_first_step`, the part of them that
     the previous, unprofiled iteration left running): counted in the rank's totals, in no step."""
@@ -118,7 +118,7 @@ class OutsideSteps:
     memset: Copies
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KindBandwidth:
     """One collective kind's bytes and bandwidth on one rank (docs/metrics.md, Bandwidth): the kernels whose
     message size is known, their group size, bytes per step, the median and spread of algbw and busbw (GB/s,
@@ -181,7 +181,7 @@ class JobBandwidth:
     network: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankMetrics:
     """One rank's measurements (the RANK object)."""
 
@@ -241,7 +241,7 @@ class Fix:
         return bool(self.config or self.env or self.upgrade)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finding:
     """What blocks the overlap, what it costs per step, and the fix (docs/rules.md)."""
 
@@ -294,7 +294,7 @@ class Tool:
     version: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CollectiveSignature:
     """One rank's collectives in issue order, for the cross-rank rules (stragglers): each collective's key
     (`<process group>|<kind>|<n-th of that kind on that group>`), kernel duration (µs), the share of it that no

@@ -18,7 +18,6 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Sequence, Set
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,7 @@ from overlapcheck.analysis.timeline import timeline_of
 from overlapcheck.diagnose import accounting_notes, diagnose_rank, diagnose_rank_located, merge_findings
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
+from overlapcheck.executors import Outcome, executor
 from overlapcheck.fsutil import file_size, read_json_file
 from overlapcheck.job import JobContext, Network
 from overlapcheck.model import (
@@ -305,9 +305,6 @@ def format_numbers(numbers: Set[int], dash: str = "-") -> str:
     return (numbers if isinstance(numbers, Numbers) else Numbers.of(numbers)).text(dash)
 
 
-Outcome = tuple[str, list[RankResult], str | None]  # (source, its ranks, error or None)
-
-
 def _worker(
     path: str, job: JobContext, options: Options, progress: Callable[[int], None] | None = None, workers: int = 1
 ) -> Outcome:
@@ -345,13 +342,15 @@ def analyze_inputs(
     options: Options | None = None,
     jobs: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    scheduler: str | None = None,
 ) -> Report:
     """The Report of `inputs`. Unreadable inputs are listed in `errors` and left out; the other ranks are still
     reported.
 
     `on_bytes(n)` is called as input bytes are consumed (n = bytes since the last call; the total is
     `inputs.total_bytes`): byte by byte within a file when ranks are read in this process, a whole file at a
-    time when they are read in parallel."""
+    time when they are read in parallel. `scheduler`: the Dask scheduler whose workers analyze the traces
+    (overlapcheck/executors.py; default: this machine, `jobs` processes)."""
     options = options or Options()
     everything = inputs
     if options.rank_from is not None:
@@ -376,26 +375,7 @@ def analyze_inputs(
             outcome = _worker(summary.trace, job, options)  # an unreadable summary: read the rank's trace
         outcomes.append(outcome)
         advance(inputs.sizes.get(summary.path, 0))
-    cores = jobs or os.cpu_count() or 1
-    n_jobs = max(1, min(cores, len(inputs.traces)))
-    if n_jobs == 1:
-        for path in inputs.traces:
-            seen = [0]
-
-            def progress(n: int, seen: list[int] = seen) -> None:
-                advance(n - seen[0])
-                seen[0] = n
-
-            # a single file gets every core (fewer files than cores: see the pool below)
-            outcomes.append(_worker(path, job, options, progress, cores if len(inputs.traces) == 1 else 1))
-            advance(inputs.sizes.get(path, 0) - seen[0])
-    else:
-        with ProcessPoolExecutor(max_workers=n_jobs) as pool:
-            per_file = max(1, cores // len(inputs.traces))  # 2 files on 8 cores: 4 processes decode each
-            futures = [pool.submit(_worker, path, job, options, None, per_file) for path in inputs.traces]
-            for fut in as_completed(futures):
-                outcomes.append(fut.result())
-                advance(inputs.sizes.get(outcomes[-1][0], 0))
+    outcomes += executor(scheduler, jobs).run(_worker, inputs.traces, job, options, inputs.sizes, advance)
     report = build_report(outcomes, inputs, job, options)
     if options.ranks is not None and not report.ranks and not report.errors:
         raise UserError(
@@ -576,13 +556,14 @@ def analyze(
     steps: Iterable[int | str] | None = None,
     ranks: Iterable[int | str] | None = None,
     rank_from: str | None = None,
+    scheduler: str | None = None,
 ) -> Report:
     """Analyze trace files and folders (or `overlapcheck run` folders) into a Report, as `overlapcheck analyze`
     does: `Report.to_dict()` is its JSON document. `ds_config` is the DeepSpeed config (a dict or a JSON
     file); by default the one found beside the traces. Bad input raises `overlapcheck.UserError`; files that
     cannot be read are listed in `Report.errors` and the other ranks are still reported. `steps` and `ranks`
     restrict the analysis as `--steps` and `--ranks` do (docs/metrics.md, "Selected steps and ranks"); `rank_from`
-    is `--rank-from`."""
+    is `--rank-from`; `scheduler` runs the per-rank work on a Dask cluster, as `--scheduler` does (docs/scale.md)."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
@@ -596,7 +577,7 @@ def analyze(
         ranks=_api_numbers(ranks, "ranks"),
         rank_from=rank_from,
     )
-    return analyze_inputs(inputs, job_context(inputs, config), options, jobs)
+    return analyze_inputs(inputs, job_context(inputs, config), options, jobs, scheduler=scheduler)
 
 
 def _api_numbers(values: Iterable[int | str] | None, what: str) -> Numbers | None:

@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from overlapcheck.selection import Numbers
 
 FORMATS = click.Choice(["text", "json", "markdown", "html"])  # as `compare --format`
+SCHEDULER = click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Analyze the ranks on the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786, or a scheduler "
+    "file); its workers read the traces from the shared file system (docs/scale.md; pip install "
+    "'overlapcheck[dask]').",
+)
 
 
 def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,6 +73,7 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 "-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores)."
             ),
             click.option("--force", is_flag=True, help="Overwrite existing output files."),
+            SCHEDULER,
         ]
     ):
         func = option(func)
@@ -104,6 +112,7 @@ def run_report(
     ranks: Numbers | None = None,
     network: str | None = None,
     rank_from: str | None = None,
+    scheduler: str | None = None,
 ) -> None:
     """Analyze, render, and exit 2 if any input was unreadable."""
     from overlapcheck import pipeline
@@ -127,16 +136,16 @@ def run_report(
     )
     if perfetto_path and any(s.trace is not None for s in inputs.summaries):
         click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
-    report = _with_progress(inputs, job, options, jobs)
+    report = _with_progress(inputs, job, options, jobs, scheduler)
     if output:
-        atomic_write(output, renderer(fmt).render(report), force)
+        atomic_write(output, _text(renderer(fmt), report), force)
     elif fmt == "text":
         from overlapcheck.report.terminal import TerminalRenderer, stdout_console
 
         shown = TerminalRenderer(errors=False).renderables(report)  # each error goes to stderr, once (below)
         stdout_console(shown).print(*shown)
     else:
-        sys.stdout.write(str(renderer(fmt).render(report)))
+        sys.stdout.writelines(_text(renderer(fmt), report))
     if perfetto_path:
         from overlapcheck.report.perfetto import PerfettoRenderer
 
@@ -167,6 +176,12 @@ def run_report(
         for err in report.errors:
             click.echo(f"overlapcheck: error: {safe_line(err.error)}", err=True)
         sys.exit(2)
+
+
+def _text(render: Any, report: Any) -> Any:
+    """The report's text: as a stream of pieces when the renderer writes one (JSON: docs/scale.md)."""
+    stream = getattr(render, "stream", None)
+    return stream(report) if stream is not None else str(render.render(report))
 
 
 def parse_numbers(text: str | None, dash: str, option: str) -> Numbers | None:
@@ -235,7 +250,7 @@ def _identities(path: str) -> list[object]:
     return keys
 
 
-def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any:
+def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None, scheduler: str | None = None) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
@@ -243,7 +258,7 @@ def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any
 
     console = Console(stderr=True)
     if not console.is_terminal or inputs.count == 0:
-        return analyze_inputs(inputs, job, options, jobs)
+        return analyze_inputs(inputs, job, options, jobs, scheduler=scheduler)
     columns = (
         TextColumn(f"reading {inputs.count} file(s)"),
         BarColumn(),
@@ -253,4 +268,5 @@ def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None) -> Any
     )
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("read", total=inputs.total_bytes)
-        return analyze_inputs(inputs, job, options, jobs, on_bytes=lambda n: progress.advance(task, n))
+        advance = lambda n: progress.advance(task, n)  # noqa: E731
+        return analyze_inputs(inputs, job, options, jobs, on_bytes=advance, scheduler=scheduler)

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from overlapcheck.commands.analyze import SCHEDULER
 from overlapcheck.errors import UserError
 from overlapcheck.model import Report
 
@@ -20,14 +21,14 @@ def distinct_by() -> dict[str, tuple[str, ...]]:
     return {rule.id: rule.distinct_by for rule in RULES}
 
 
-def load_side(path: str, jobs: int | None = None) -> Report:
+def load_side(path: str, jobs: int | None = None, scheduler: str | None = None) -> Report:
     """A folder of traces or an `overlapcheck run` folder (analyzed now), or a JSON report (validated).
     Any problem, an unreadable trace among them, is a UserError."""
     from overlapcheck import pipeline
     from overlapcheck.gate import read_report
 
     if os.path.isdir(path):
-        report = pipeline.analyze(path, jobs=jobs)
+        report = pipeline.analyze(path, jobs=jobs, scheduler=scheduler)
         if report.errors:
             more = f" (and {len(report.errors) - 1} more unreadable inputs)" if len(report.errors) > 1 else ""
             raise UserError(f"cannot compare: {report.errors[0].error}{more}")
@@ -57,6 +58,7 @@ def load_side(path: str, jobs: int | None = None) -> Report:
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Also write the Markdown.")
 @click.option("-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
+@SCHEDULER
 def command(
     before: str,
     after: str,
@@ -67,6 +69,7 @@ def command(
     markdown_path: str | None,
     jobs: int | None,
     force: bool,
+    scheduler: str | None,
 ) -> None:
     """Compare two runs: per collective kind, phase and rank, the change in overlap, exposed time per step and
     step time, and the findings that appeared, disappeared or changed cost.
@@ -88,7 +91,8 @@ def command(
     outputs = [(output, fmt)] if output else []
     outputs += extra
     check_outputs([p for p, _ in outputs], force, inputs=[before, after])
-    comparison = compare(load_side(before, jobs), load_side(after, jobs), distinct_by(), sources=(before, after))
+    sides = load_side(before, jobs, scheduler), load_side(after, jobs, scheduler)
+    comparison = compare(*sides, distinct_by(), sources=(before, after))
     for path, name in outputs:
         atomic_write(path, compare_renderer(name).render(comparison), force)
     if not output:

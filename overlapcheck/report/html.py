@@ -20,6 +20,7 @@ from overlapcheck.model import ALL, COLLECTIVE_KEYS, Finding, RankMetrics, Repor
 from overlapcheck.report import page
 from overlapcheck.report import present as P
 
+MAX_RANKS_SHOWN = 512  # ranks in the table, the per-rank columns and the bandwidth plot: the lowest overlap first
 MAX_EVENTS_TOTAL = 240_000  # events embedded over all ranks' timelines
 MAX_EVENTS_RANK = 40_000  # ... and per rank
 MIN_EVENTS_RANK = 2_500  # a rank keeps at least this many even with many ranks
@@ -137,6 +138,7 @@ def rank_rows(ranks: list[RankMetrics], timelines: dict[str, Any]) -> list[dict[
     """One row per rank for the overlap table, per profiled step, lowest overlap first; the worst marked."""
     ordered = P.worst_first(ranks)
     worst = ordered[0] if ordered and ordered[0].overlap() is not None else None
+    ordered = ordered[:MAX_RANKS_SHOWN]  # every rank is in the JSON report
     has_tl = {t["rank"] for t in timelines["ranks"]}
     kinds = P.present_kinds(ranks)
     rows = []
@@ -161,6 +163,14 @@ def rank_rows(ranks: list[RankMetrics], timelines: dict[str, Any]) -> list[dict[
             }
         )
     return rows
+
+
+def _shown(ranks: list[RankMetrics]) -> list[RankMetrics]:
+    """The ranks a per-rank chart shows: all of them, or past MAX_RANKS_SHOWN the lowest overlap, in rank order."""
+    if len(ranks) <= MAX_RANKS_SHOWN:
+        return ranks
+    keep = {id(r) for r in P.worst_first(ranks)[:MAX_RANKS_SHOWN]}
+    return [r for r in ranks if id(r) in keep]
 
 
 def collective_bars(report: Report, width: float = 400.0) -> list[dict[str, Any]]:
@@ -191,9 +201,11 @@ def collective_bars(report: Report, width: float = 400.0) -> list[dict[str, Any]
 def crossrank(report: Report, height: float = 150.0) -> dict[str, Any]:
     """Per-rank stacked columns per step (compute / exposed / other), the lowest-overlap ranks, and the
     stragglers the diagnosis found."""
-    ranks = report.ranks
+    every = report.ranks
+    all_tops = [_num(P.mean_step_us(r)) or 0.0 for r in every]
+    ranks = _shown(every)
     cols = []
-    tops = [_num(P.mean_step_us(r)) or 0.0 for r in ranks]
+    tops = [_num(P.mean_step_us(r)) or 0.0 for r in ranks] if len(ranks) < len(every) else all_tops
     scale = max(tops, default=0.0)
     bar_w = max(4.0, min(44.0, 900.0 / max(len(ranks), 1)))
     for i, r in enumerate(ranks):
@@ -217,7 +229,7 @@ def crossrank(report: Report, height: float = 150.0) -> dict[str, Any]:
             }
         )
     lowest = [r for r in P.worst_first(ranks) if r.overlap() is not None][:5]
-    step_times = [t for t in tops if t > 0]
+    step_times = [t for t in all_tops if t > 0]
     spread = max(step_times) / min(step_times) - 1 if len(step_times) > 1 else None
     indexed = {id(f): i for i, f in enumerate(report.findings)}
     return {
@@ -255,7 +267,7 @@ def bandwidth_view(report: Report, width: float = 520.0, height: float = 200.0) 
     """Message size (log) against busbw, one point per rank and collective kind (docs/metrics.md, Bandwidth);
     the stated or known peaks as dashed lines."""
     raw = []
-    for r in report.ranks:
+    for r in _shown(report.ranks):
         for kind, b in r.bandwidth.items():
             per_step = P.per_step(r, kind, "count")
             size = b.bytes_per_step / per_step if per_step > 0 else None
