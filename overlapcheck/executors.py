@@ -13,7 +13,9 @@ per file, in input order, and calls `advance(n)` with the bytes consumed as it g
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -103,10 +105,10 @@ class DaskExecutor:
             from distributed import Client
         except ImportError:
             raise UserError("--scheduler needs Dask: pip install 'overlapcheck[dask]'") from None
-        where = {"scheduler_file": self.address} if os.path.isfile(self.address) else {"address": self.address}
+        address = scheduler_address(self.address)
         try:
-            return Client(**where, timeout=self.timeout or CONNECT_TIMEOUT_S, set_as_default=False)
-        except (OSError, TimeoutError, ValueError, TypeError) as exc:
+            return Client(address=address, timeout=self.timeout or CONNECT_TIMEOUT_S, set_as_default=False)
+        except Exception as exc:  # distributed raises AssertionError, KeyError, ... for a file that is no scheduler's
             why = " ".join(str(exc).split()) or type(exc).__name__
             raise UserError(f"cannot reach the Dask scheduler at {self.address}: {why}") from None
 
@@ -195,3 +197,24 @@ def _renamed(result: RankResult, real: str, path: str) -> RankResult:
 def executor(scheduler: str | None = None, jobs: int | None = None) -> Executor:
     """The Dask cluster at `scheduler` (`--scheduler`), else the local process pool of `jobs` processes."""
     return DaskExecutor(scheduler) if scheduler else LocalExecutor(jobs)
+
+
+def scheduler_address(given: str) -> str:
+    """The scheduler's address: `given` itself (tcp://host:8786, host:8786), or the `address` of the scheduler
+    file at `given` (what `dask scheduler --scheduler-file` writes); a one-line UserError for anything else, before
+    a Client is built (a half-built one reports its failure again at exit)."""
+    if os.path.isfile(given):
+        try:
+            with open(given, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, UnicodeDecodeError, ValueError):
+            doc = None
+        address = doc.get("address") if isinstance(doc, dict) else None
+        if not isinstance(address, str) or "://" not in address:
+            raise UserError(f"--scheduler {given}: not a Dask scheduler file (JSON with the scheduler's address)")
+        return address
+    if "://" in given or re.fullmatch(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", given):
+        return given
+    raise UserError(
+        f"--scheduler {given!r}: neither a scheduler address (tcp://host:8786) nor an existing scheduler file"
+    )

@@ -173,15 +173,51 @@ def _output_target(path: str, force: bool) -> str:
     return path
 
 
+# what --force never replaces: the job's own documents, by name, and profiler traces, by what they hold
+PROTECTED_NAMES = ("ds_config.json", "run.json", "truth.json", "model.json", ".summary.json")
+_KINETO_MARKS = (b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"', b'"traceName"')
+
+
+def _never_replaced(target: str, path: str) -> None:
+    """UserError when the existing file `target` is an input of some job, which no output replaces even with
+    --force: a ds_config, run manifest, truth or model document, a per-rank summary, or a Kineto trace (a
+    gzip or JSON file whose first 64 KiB carry Kineto's keys). An output of overlapcheck is none of these."""
+    name = os.path.basename(target)
+    if name in PROTECTED_NAMES or name.endswith(PROTECTED_NAMES[-1]):
+        raise UserError(f"is a job's {name} (an input of overlapcheck), never replaced, even with --force", path)
+    try:
+        with open(target, "rb") as fh:
+            head = fh.read(1 << 16)
+        if head[:2] == b"\x1f\x8b":
+            import zlib
+
+            with contextlib.suppress(zlib.error):
+                head = _gunzip_head(head)
+    except OSError:
+        return
+    if any(mark in head for mark in _KINETO_MARKS):
+        raise UserError("is a profiler trace (an input of overlapcheck), never replaced, even with --force", path)
+
+
+def _gunzip_head(data: bytes) -> bytes:
+    """The first bytes a gzip prefix decompresses to (a truncated stream is fine)."""
+    import zlib
+
+    return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, 1 << 16)
+
+
 def check_target(path: str | os.PathLike[str], force: bool = False) -> None:
-    """Raise UserError unless `path` may be written: it must not exist (or `force`), must not be a directory,
-    a FIFO, a device or a dangling symbolic link, and its folder must exist. (Checked again, atomically, by
-    `atomic_write`: this check only fails early, before a long analysis.)"""
+    """Raise UserError unless `path` may be written as a report: it must not exist (or `force`), must not be a
+    directory, a FIFO, a device or a dangling symbolic link, and its folder must exist; and even with `force`
+    it (or the file a symbolic link at it points to) is no job's input (`_never_replaced`). (Checked again,
+    atomically, by `atomic_write`: this check only fails early, before a long analysis.)"""
     path = os.fspath(path)
     target = _output_target(path, force)
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise UserError("its folder does not exist", path)
+    if os.path.exists(target):
+        _never_replaced(target, path)
 
 
 def _write_all(fd: int, data: bytes) -> None:

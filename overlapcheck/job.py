@@ -64,7 +64,7 @@ def parse_network(text: str) -> Network:
     m = _NETWORK.match(text.strip())
     links = int(m.group(1)) if m and m.group(1) else 1
     rate = float(m.group(2)) if m else 0.0
-    if m is None or links < 1 or rate <= 0:
+    if m is None or not 1 <= links <= 1 << 16 or not 0 < rate < 1e9:
         raise UserError(
             f"--network {text!r} is not a network like 4x200Gbps, 400Gbps or 8x25GB/s (links x rate per node)"
         )
@@ -225,6 +225,8 @@ def _problem(key: str, value: object) -> str | None:
         return None if isinstance(value, str) else "not a string"
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "not a number"
+    if isinstance(value, int) and abs(value) > MAX_CONFIG_NUMBER:
+        return f"larger than {MAX_CONFIG_NUMBER:.0e}" if value > 0 else "negative"  # beyond a float's range too
     if not math.isfinite(value):
         return "not a finite number"
     if value < 0:

@@ -566,6 +566,15 @@ def analyze(
     is `--rank-from`; `scheduler` runs the per-rank work on a Dask cluster, as `--scheduler` does (docs/scale.md)."""
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
+    if not isinstance(paths, Iterable) or isinstance(paths, bytes):
+        raise UserError(f"paths must be a path or a list of paths, not {type(paths).__name__}")
+    paths = list(paths)
+    if not paths or not all(isinstance(p, str | os.PathLike) for p in paths):
+        raise UserError("paths must be a non-empty list of trace files or folders (str or os.PathLike)")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 4096):
+        raise UserError(f"jobs must be a whole number from 1 to 4096, not {jobs!r}")
+    if rank_from is not None and not isinstance(rank_from, str):
+        raise UserError(f"rank_from must be a regular expression (str), not {type(rank_from).__name__}")
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
     if config is not None and not isinstance(config, dict):
         raise UserError(f"ds_config must be a dict or the path of a JSON file, not {type(config).__name__}")

@@ -291,6 +291,7 @@ def make_rank(
         "before_first_step": outside(),
         "outside_steps": outside(),
         "bandwidth": {},
+        "kind_from": {"launching op": 60},
     }
 
 

@@ -13,6 +13,7 @@ import gzip
 import json
 import math
 import os
+import shutil
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import builders
 import pytest
 from click.testing import CliRunner
 
+import overlapcheck
 from overlapcheck.cli import main
 from overlapcheck.errors import UserError
 from overlapcheck.trace import jsonstream
@@ -1046,3 +1048,105 @@ def test_perfetto_numbers_findings_as_the_terminal_and_names_the_exposed_collect
     exposed = [e for e in events if e.get("cat") == "exposed"]
     assert exposed and all(e["args"]["collectives"] for e in exposed if e.get("args"))
     assert {"reduce_scatter", "all_gather"} <= {k for e in exposed for k in e.get("args", {}).get("collectives", [])}
+
+
+# -- round 3, second pass: a hostile user on the merged main ----------------------------------------------------
+
+
+def _kineto_copy(src: Path, dst: Path) -> Path:
+    shutil.copyfile(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("name", ["trace.json.gz", "ds_config.json", "truth.json", "run.json", "rank0.summary.json"])
+def test_force_never_replaces_a_jobs_input_that_this_command_does_not_read(tmp_path: Path, name: str) -> None:
+    # the file is no input of this command, so the input check cannot see it: --force still may not replace it
+    sample = SAMPLES / "healthy"
+    victim = tmp_path / name
+    if name.endswith(".gz"):
+        _kineto_copy(sample / "rank0.trace.json.gz", victim)
+    else:
+        victim.write_text('{"train_micro_batch_size_per_gpu": 4}\n')
+    before = victim.read_bytes()
+    r = builders.run_cli("analyze", str(sample), "-j", "1", "--format", "json", "-o", str(victim), "--force")
+    assert r.returncode == 2 and "never replaced" in r.stderr and "Traceback" not in r.stderr
+    assert victim.read_bytes() == before
+
+
+def test_force_never_replaces_a_trace_through_a_symbolic_link(tmp_path: Path) -> None:
+    trace = _kineto_copy(SAMPLES / "healthy" / "rank0.trace.json.gz", tmp_path / "rank0.trace.json.gz")
+    report = tmp_path / "report.json"
+    assert (
+        builders.run_cli(
+            "analyze", str(SAMPLES / "healthy"), "-j", "1", "--format", "json", "-o", str(report)
+        ).returncode
+        == 0
+    )
+    link = tmp_path / "link.json.gz"
+    link.symlink_to(trace)
+    before = trace.read_bytes()
+    r = builders.run_cli("baseline", "save", str(report), str(link), "--force")
+    assert r.returncode == 2 and "never replaced" in r.stderr
+    assert trace.read_bytes() == before
+
+
+def test_force_still_replaces_its_own_earlier_report(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    for _ in range(2):
+        r = builders.run_cli(
+            "analyze", str(SAMPLES / "healthy"), "-j", "1", "--format", "json", "-o", str(out), "--force"
+        )
+        assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"zero_optimization": {"reduce_bucket_size": 10**400}},
+        {"gradient_accumulation_steps": 10**400},
+        {"train_micro_batch_size_per_gpu": -(10**400)},
+    ],
+)
+def test_integers_beyond_a_float_in_ds_config_are_a_note(config: dict) -> None:
+    report = overlapcheck.analyze(SAMPLES / "healthy", ds_config=config, jobs=1)
+    assert report.notes and any("larger than" in n or "negative" in n for n in report.notes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"paths": None}, "paths must be"),
+        ({"paths": 5}, "paths must be"),
+        ({"paths": b"/tmp"}, "paths must be"),
+        ({"paths": [b"/tmp"]}, "paths must be"),
+        ({"paths": []}, "non-empty"),
+        ({"jobs": "2"}, "jobs must be"),
+        ({"jobs": 1.5}, "jobs must be"),
+        ({"jobs": 0}, "jobs must be"),
+        ({"jobs": True}, "jobs must be"),
+        ({"rank_from": 5}, "rank_from must be"),
+    ],
+)
+def test_api_arguments_of_the_wrong_type_are_a_user_error(kwargs: dict, fragment: str) -> None:
+    args = {"paths": SAMPLES / "healthy", **kwargs}
+    with pytest.raises(overlapcheck.UserError, match=fragment):
+        overlapcheck.analyze(args.pop("paths"), **args)
+
+
+@pytest.mark.parametrize("network", ["1" + "0" * 400 + "x1Gbps", "4x1e400Gbps"])
+def test_a_network_beyond_reason_is_one_line(network: str) -> None:
+    r = builders.run_cli("analyze", str(SAMPLES / "healthy"), "-j", "1", "--network", network)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--network" in r.stderr
+
+
+def test_a_scheduler_file_that_is_no_schedulers_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    bogus = tmp_path / "not-a-scheduler.json"
+    bogus.write_text('{"zero_optimization": {}}')
+    r = builders.run_cli("analyze", str(SAMPLES / "healthy"), "-j", "1", "--scheduler", str(bogus))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "scheduler" in r.stderr
+
+
+def test_simulate_sizes_beyond_reason_are_refused() -> None:
+    r = builders.run_cli("simulate", "--out", "/tmp/never-written", "--nodes", "99999999999", "--steps", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
