@@ -49,7 +49,13 @@ class PlainBuilder(ModelBuilder):
         elif cat in C.RUNTIME_CATS:
             self.runtime.rows.append((ts, end, self.thread(ev.pid, ev.tid), corr, self.intern(name)))
         elif cat in _OP_KIND:
-            self.ops.rows.append((ts, end, self.thread(ev.pid, ev.tid), self.intern(name), _OP_KIND[cat]))
+            thread = self.thread(ev.pid, ev.tid)
+            self.ops.rows.append((ts, end, thread, self.intern(name), _OP_KIND[cat]))
+            # the sizes the kernels may lack, kept aside as the reader keeps them (its own rules, shared)
+            if name == "record_param_comms":
+                self._add_comms(ts, end, thread, ev)
+            elif name.startswith("nccl:"):
+                self._add_shapes(ts, end, thread, ev)
             m = re.match(r"^ProfilerStep#(\d+)$", name)
             if m and _OP_KIND[cat] != PYTHON:
                 self.steps.append((int(m.group(1)), ts, end))

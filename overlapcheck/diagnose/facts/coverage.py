@@ -139,7 +139,13 @@ def inherent_windows(view: RankFacts, transfer: np.ndarray | None = None) -> iv.
     g = view.gpu
     transfer = transfer_us(view) if transfer is None else transfer
     first = view.step_first_gathers
-    inherent = iv.union(np.maximum(view.first_gather_wait_starts, g.end[first] - transfer[first]), g.end[first])
+    waits_from = view.first_gather_wait_starts.copy()
+    if len(view.model.steps):
+        # the first profiled step's: what could have hidden it ran before the profiler started, so the trace
+        # cannot tell (as for the syncs at its boundary, hostsyncs.per_step_cost): its wait is taken as inherent
+        opening = view.gpu_step[first] == int(view.model.steps.number.min())
+        waits_from[opening] = g.start[first][opening]
+    inherent = iv.union(np.maximum(waits_from, g.end[first] - transfer[first]), g.end[first])
     for tail in gradient_tails(view):
         last = tail.last
         lo = max(tail.after, float(g.end[last] - transfer[last]))
