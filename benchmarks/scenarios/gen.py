@@ -867,8 +867,8 @@ def write(cfg: Cfg, out: Path, ds_config: dict[str, Any] | None, run_json: dict[
             "baseTimeNanoseconds": BASE_NS,
         }
         name = f"rank{r.rank}.pt.trace.json.gz" if run_json is not None else f"rank{r.rank}.trace.json.gz"
-        with gzip.open(tdir / name, "wt", compresslevel=3) as fh:
-            json.dump(doc, fh)
+        with open(tdir / name, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3, mtime=0) as fh:
+            fh.write(json.dumps(doc).encode())  # mtime=0: the same scenario gives the same bytes
     if ds_config is not None and run_json is None:
         (out / "ds_config.json").write_text(json.dumps(ds_config, indent=1))
     if run_json is not None:

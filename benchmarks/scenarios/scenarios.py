@@ -233,9 +233,16 @@ def scenarios() -> list[Scenario]:
     s.append(
         Scenario(
             "tiny-reduce-scatters-2x4",
-            "hidden 512 x 24 layers, reduce_bucket_size 1e5: ~200 latency-bound "
-            "reduce-scatters under 1 MiB per step, the 2-event reduce throttle blocking the host",
-            Cfg(hidden=512, layers=24, reduce_bucket=1e5, extra_params=[512, 512, 512, 512, 2048, 512], seed=33),
+            "hidden 512 x 24 layers, 2048 tokens, reduce_bucket_size 1e5: ~170 latency-bound "
+            "reduce-scatters under 1 MiB per step that outlast backward, the 2-event reduce throttle blocking the host",
+            Cfg(
+                hidden=512,
+                layers=24,
+                tokens=2048,
+                reduce_bucket=1e5,
+                extra_params=[512, 512, 512, 512, 2048, 512],
+                seed=33,
+            ),
             expect=("tiny-collectives", "reduce-event-throttle"),
             fix="zero_optimization.reduce_bucket_size",
             ds=_ds(reduce_bucket_size=100000),
