@@ -119,6 +119,7 @@ class Cfg:
     moe_layers: tuple[int, ...] = ()
     moe_tokens_bytes: float = 0.0
     jitter: float = 0.02
+    random_late_us: float = 0.0  # at each collective one rank drawn at random arrives this late after its queued work
     contention: float = 1.5  # a collective's time when the other kind holds the link at its start
     seed: int = 0
     extra_params: list[int] = field(default_factory=list)  # small per-layer params (layer norms, biases)
@@ -392,6 +393,7 @@ class Sim:
         ins, outs = {"ag": (shard, nelems), "rs": (nelems, shard), "a2a": (nelems, nelems)}[kind]
         res: dict[int, tuple[float, float]] = {}
         evs = {}
+        late_rank = self.rng.randrange(self.world) if self.c.random_late_us else -1
         for r in self.ranks:
             tid = tids[r.rank]
             self.frames(r, tid, stack[r.rank])
@@ -410,7 +412,11 @@ class Sim:
                 "Rank": r.rank,
                 "Seq": self.seq[pg],
             }
-            s, _, e = self.launch(r, tid, info[3], stream_of[r.rank], x, deps.get(r.rank, ()), op=info[2], comm=comm)
+            dep = deps.get(r.rank, ())
+            if self.c.random_late_us and r.rank == late_rank:  # arrives late after its own queued work
+                frontier = max(r.streams.get(stream_of[r.rank], 0.0), r.streams.get(COMPUTE, 0.0), r.host)
+                dep = (*dep, frontier + self.c.random_late_us * (0.5 + self.rng.random()))
+            s, _, e = self.launch(r, tid, info[3], stream_of[r.rank], x, dep, op=info[2], comm=comm)
             evs[r.rank] = (s, e)
         last = max(s for s, _ in evs.values())
         end = last + x

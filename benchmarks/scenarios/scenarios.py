@@ -305,4 +305,15 @@ def scenarios() -> list[Scenario]:
             kind="symptom",
         )
     )
+    s.append(
+        Scenario(
+            "random-late-rank-2x4",
+            "before every collective a different rank, drawn at random, is 150-450 us late on the host: a large "
+            "spread whose last rank changes at random, no straggler",
+            Cfg(random_late_us=300.0, seed=45),
+            forbid=("straggler",),
+            also_ok=("peer-wait",),
+            kind="symptom",
+        )
+    )
     return s
