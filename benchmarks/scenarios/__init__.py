@@ -1,0 +1,1 @@
+"""An independent scenario test bed for overlapcheck's diagnosis (see README.md)."""
