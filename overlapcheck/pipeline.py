@@ -124,9 +124,25 @@ def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
             raise UserError("not a regular file or folder (a broken link, a FIFO, a device?)", path)
         else:
             raise UserError("no such file or folder", path)
+    _drop_repeats(found)
     for path in found.traces + [s.path for s in found.summaries]:
         found.sizes[path] = file_size(path)  # 0 when unreadable: reading it reports the problem
     return found
+
+
+def _drop_repeats(found: Inputs) -> None:
+    """A file named twice (the same path, a folder and a file in it, or a link to it) is read once."""
+    seen: set[str] = set()
+
+    def first(path: str) -> bool:
+        key = os.path.realpath(path)
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    found.traces = [p for p in found.traces if first(p)]
+    found.summaries = [s for s in found.summaries if first(s.path)]
 
 
 TRACES_DIR = "traces"  # where `overlapcheck run` puts the traces of a run folder (capture/layout.py)
@@ -366,6 +382,11 @@ def analyze_inputs(
     if options.prefer_traces or options.steps is not None:  # summaries carry no events and cover every step
         inputs = dataclasses.replace(inputs, traces=inputs.traces + [s.trace for s in summaries if s.trace is not None])
         summaries = [s for s in summaries if s.trace is None]
+    if options.steps is not None and summaries and not inputs.traces:
+        raise UserError(
+            f"--steps {format_numbers(options.steps, ':')} needs the ranks' traces, and these inputs hold only "
+            f"per-rank summaries ({len(summaries)}), which cover every step: analyze a run whose traces were kept"
+        )
     for summary in summaries:
         outcome = read_summary(summary)
         if options.steps is not None and outcome[2] is None:

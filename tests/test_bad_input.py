@@ -112,3 +112,30 @@ def test_bad_ds_config(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text("{nope")
     assert_clean_error(run_cli("analyze", str(trace), "--ds-config", str(cfg)), "ds.json", "DeepSpeed config")
+
+
+def test_a_file_named_twice_is_read_once(tmp_path):
+    good_trace(tmp_path, 0)
+    good_trace(tmp_path, 1)
+    (tmp_path / "link.json.gz").symlink_to(tmp_path / "rank1.json.gz")
+    proc = run_cli("analyze", str(tmp_path), str(tmp_path / "rank0.json.gz"), "--format", "json", "-o", "-")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["rank"] for r in json.loads(proc.stdout)["ranks"]] == [0, 1]  # folder + a file in it + a link
+    assert not (Path.cwd() / "-").exists()  # `-o -` is stdout, not a file named "-"
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "help_of"),
+    [
+        (["analyze", "--bogus"], "No such option '--bogus'", "overlapcheck analyze --help"),
+        (["--bogus"], "No such option '--bogus'", "overlapcheck --help"),
+        (["analyze"], "Missing argument 'PATHS...'", "overlapcheck analyze --help"),
+        (["analyze", ".", "--steps", "x"], "Invalid value for --steps", "overlapcheck analyze --help"),
+        (["nosuch"], "No such command 'nosuch'", "overlapcheck --help"),
+        (["baseline", "nosuch"], "No such command 'nosuch'", "overlapcheck baseline --help"),
+    ],
+)
+def test_usage_errors_are_one_line_naming_the_help(args, message, help_of):
+    proc = run_cli(*args)
+    assert_clean_error(proc, message, f"(see '{help_of}')")
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1
