@@ -228,7 +228,7 @@ def analyze_trace(
     `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
     options = options or Options()
     model = load_trace(path, progress, workers)
-    model.notes.extend(_long_names(model) + _precision_notes(model))
+    model.notes.extend(_long_names(model) + _precision_notes(model, path))
     in_trace = tuple(sorted({int(n) for n in model.steps.number}))
     if options.steps is not None:
         model = restrict_to_steps(model, [n for n in in_trace if n in options.steps])  # the selection is not expanded
@@ -257,6 +257,7 @@ def analyze_trace(
 
 MAX_NAME = 8192  # characters of a name in the outputs (a 1 MB name made a 200 MB page; C++ templates reach 5,000)
 FINE_US = 1.0  # a timestamp's float step (µs) from which sub-µs durations are lost
+COARSE_US = 1000.0  # ... and from which nothing can be measured (kernels last µs to ms): the file is an error
 
 
 def _long_names(model: TraceModel) -> list[str]:
@@ -271,9 +272,10 @@ def _long_names(model: TraceModel) -> list[str]:
     return [f"{cut} names longer than {MAX_NAME} characters were cut to {MAX_NAME} in every output"] if cut else []
 
 
-def _precision_notes(model: TraceModel) -> list[str]:
+def _precision_notes(model: TraceModel, path: str) -> list[str]:
     """A note when the timestamps are so large that float64 cannot tell sub-µs apart (2^52 µs and beyond: every
-    duration shorter than the float step is lost, at 2^63 µs or 1e300 all of them)."""
+    duration shorter than the float step is lost); a UserError from a 1 ms step (2^62 µs and beyond, 1e300),
+    where every kernel's duration is lost and any verdict would be made up."""
     largest = 0.0
     for table in (model.gpu, model.runtime, model.ops, model.syncs, model.steps):
         for column in ("start", "end"):
@@ -283,6 +285,12 @@ def _precision_notes(model: TraceModel) -> list[str]:
     step = float(np.spacing(largest)) if largest > 0 else 0.0
     if step < FINE_US:
         return []
+    if step >= COARSE_US:
+        raise UserError(
+            f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: no kernel's "
+            "duration can be measured (is the trace's clock in µs since the epoch or boot?)",
+            path,
+        )
     return [
         f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: durations and "
         "gaps shorter than that are lost or rounded (is the trace's clock in µs since the epoch or boot?)"
