@@ -193,8 +193,8 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
         path = os.path.join(folder, name)
         if getattr(found, attr) is None and os.path.isfile(path):
             doc = read_json_file(path, WHAT[name])
-            if attr == "ds_config" and not isinstance(doc, dict):
-                raise UserError("a DeepSpeed config must be a JSON object", path)
+            if attr in ("ds_config", "run") and not isinstance(doc, dict):
+                raise UserError(f"{WHAT[name]} must be a JSON object", path)
             setattr(found, attr, doc if isinstance(doc, dict) else None)
             found.documents.append(path)
 
@@ -285,10 +285,13 @@ def _precision_notes(model: TraceModel, path: str) -> list[str]:
     step = float(np.spacing(largest)) if largest > 0 else 0.0
     if step < FINE_US:
         return []
-    if step >= COARSE_US:
+    # the error judges the GPU work's typical time, so that one wild event among good ones is only the note
+    starts = model.gpu.start if len(model.gpu) else model.ops.start
+    typical = float(np.median(np.abs(starts))) if len(starts) else largest
+    if np.spacing(typical) >= COARSE_US:
         raise UserError(
-            f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: no kernel's "
-            "duration can be measured (is the trace's clock in µs since the epoch or boot?)",
+            f"timestamps reach {typical:.3g} µs, where a float64 time moves in steps of {np.spacing(typical):.3g} "
+            "µs: no kernel's duration can be measured (is the trace's clock in µs since the epoch or boot?)",
             path,
         )
     return [
@@ -488,8 +491,30 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
             r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
         },
         bandwidth=job_bandwidth(results, job),
-        notes=[*job.notes, *job_notes(ranks), *(accounting_notes(results) if options.diagnose else [])] or None,
+        notes=[
+            *job.notes,
+            *_host_notes(ranks, job.hosts),
+            *job_notes(ranks),
+            *(accounting_notes(results) if options.diagnose else []),
+        ]
+        or None,
     )
+
+
+def _host_notes(ranks: list[RankMetrics], hosts: dict[int, str]) -> list[str]:
+    """A note when run.json puts ranks on other hosts than their traces say (names compared up to the first dot:
+    `node1` is `node1.cluster`): traces of a rerun copied over another run's folder, or another job's."""
+    short = lambda name: name.split(".", 1)[0].lower()  # noqa: E731
+    moved = [
+        (r.rank, hosts[r.rank], r.host)
+        for r in ranks
+        if r.rank in hosts and r.host and short(hosts[r.rank]) != short(r.host)
+    ]
+    if not moved:
+        return []
+    shown = "; ".join(f"rank {rank}: {said} in run.json, {seen} in its trace" for rank, said, seen in moved[:3])
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return [f"run.json and the traces disagree on hosts ({shown}{more}): are the traces of the run that wrote it?"]
 
 
 def _world(value: object) -> int | None:

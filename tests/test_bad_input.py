@@ -139,3 +139,27 @@ def test_usage_errors_are_one_line_naming_the_help(args, message, help_of):
     proc = run_cli(*args)
     assert_clean_error(proc, message, f"(see '{help_of}')")
     assert proc.stdout == "" and proc.stderr.count("\n") == 1
+
+
+def test_a_run_manifest_that_is_no_object_is_an_error_and_another_schema_a_note(tmp_path):
+    good_trace(tmp_path, 0)
+    (tmp_path / "run.json").write_text("[1, 2]")
+    assert_clean_error(run_cli("analyze", str(tmp_path)), "a run manifest must be a JSON object")
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "other.run/9", "world_size": "two", "ranks": 5}))
+    proc = run_cli("analyze", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(proc.stdout)["notes"]
+    assert any("run.json's schema is 'other.run/9', not 'overlapcheck.run/1'" in n for n in notes), notes
+
+
+def test_run_json_and_traces_that_disagree_on_hosts_are_a_note(tmp_path):
+    for rank, host in ((0, "node1.cluster"), (1, "node7")):
+        events = [kernel(GEMM, 0, 10), kernel(NCCL, 5, 10, stream=20)]
+        write_trace(tmp_path, f"rank{rank}.json.gz", events, rank=rank, host_name=host)
+    ranks = [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node2"}]
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "ranks": ranks}))
+    proc = run_cli("analyze", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(proc.stdout)["notes"]
+    [note] = [n for n in notes if "disagree on hosts" in n]
+    assert "rank 1: node2 in run.json, node7 in its trace" in note and "rank 0" not in note  # node1 is node1.cluster
