@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import NoReturn
 
 import click
 
@@ -39,6 +40,12 @@ class _Group(click.Group):
             raise
         return module.command
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            _usage_error(exc)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -47,6 +54,21 @@ class _Group(click.Group):
 
             click.echo(f"overlapcheck: error: {safe_line(exc)}", err=True)
             sys.exit(2)
+        except click.UsageError as exc:
+            _usage_error(exc)
+
+
+def _usage_error(exc: click.UsageError) -> NoReturn:
+    """A command line click cannot parse: one line on stderr naming the help to read, and exit code 2."""
+    from overlapcheck.report.present import safe_line
+
+    names, ctx = [], exc.ctx
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    where = " ".join(["overlapcheck", *reversed(names)])
+    click.echo(f"overlapcheck: error: {safe_line(exc.format_message())} (see '{where} --help')", err=True)
+    sys.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -333,14 +333,22 @@ def _overlap_drop_check(comparison: Comparison, kind: str, points: float, config
     name = f"{kind} overlap vs baseline ({across})"
     limit = f"drop ≤ {points * 100:.1f} pts"
     if cur.value is None or base.value is None:
-        missing = "now" if cur.value is None else "in the baseline"
+        # communication the baseline measured and this report lacks is a capture that lost it (NCCL not
+        # profiled, a CPU-only trace, other steps), never a pass
+        vanished = base.value is not None
+        detail = (
+            f"the baseline has {kind} communication and this report has none: was it captured (the same job, "
+            "steps and ranks, with CUDA activities on)?"
+            if vanished
+            else f"no {kind} communication in the baseline: nothing to compare"
+        )
         return Check(
             f"overlap-drop.{kind}",
             name,
-            True,
+            not vanished,
             f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)}",
             limit,
-            f"no {kind} communication {missing}: nothing to compare",
+            detail,
         )
     drop = base.value - cur.value
     measured = f"{fmt_pct(cur.value)} vs {fmt_pct(base.value)} ({-drop * 100:+.1f} pts)"

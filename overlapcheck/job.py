@@ -25,6 +25,7 @@ from typing import Any
 
 from overlapcheck.errors import UserError
 
+RUN_SCHEMA = "overlapcheck.run/1"  # the run manifest `overlapcheck run` writes (capture/manifest.py)
 SIMULATOR_JOB_KEY = "_overlapcheck_job"
 SIMULATOR_MODEL_KEY = "_overlapcheck_model"
 
@@ -122,6 +123,12 @@ class JobContext:
         job = _dict((config or {}).get(SIMULATOR_JOB_KEY))
         sim_model = _dict((config or {}).get(SIMULATOR_MODEL_KEY))
         notes: list[str] = []
+        if run is not None and run.get("schema") != RUN_SCHEMA:
+            said = str(run.get("schema"))[:60]
+            notes.append(
+                f"run.json's schema is {said!r}, not {RUN_SCHEMA!r} (another tool or version wrote it): its fields "
+                "were read only where they have the expected types"
+            )
         if config is not None:
             config = {k: v for k, v in config.items() if k not in (SIMULATOR_JOB_KEY, SIMULATOR_MODEL_KEY)}
             config, notes = sanitize_config(config, resolved if resolved is not config else None)

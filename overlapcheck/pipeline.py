@@ -124,9 +124,25 @@ def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
             raise UserError("not a regular file or folder (a broken link, a FIFO, a device?)", path)
         else:
             raise UserError("no such file or folder", path)
+    _drop_repeats(found)
     for path in found.traces + [s.path for s in found.summaries]:
         found.sizes[path] = file_size(path)  # 0 when unreadable: reading it reports the problem
     return found
+
+
+def _drop_repeats(found: Inputs) -> None:
+    """A file named twice (the same path, a folder and a file in it, or a link to it) is read once."""
+    seen: set[str] = set()
+
+    def first(path: str) -> bool:
+        key = os.path.realpath(path)
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    found.traces = [p for p in found.traces if first(p)]
+    found.summaries = [s for s in found.summaries if first(s.path)]
 
 
 TRACES_DIR = "traces"  # where `overlapcheck run` puts the traces of a run folder (capture/layout.py)
@@ -177,8 +193,8 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
         path = os.path.join(folder, name)
         if getattr(found, attr) is None and os.path.isfile(path):
             doc = read_json_file(path, WHAT[name])
-            if attr == "ds_config" and not isinstance(doc, dict):
-                raise UserError("a DeepSpeed config must be a JSON object", path)
+            if attr in ("ds_config", "run") and not isinstance(doc, dict):
+                raise UserError(f"{WHAT[name]} must be a JSON object", path)
             setattr(found, attr, doc if isinstance(doc, dict) else None)
             found.documents.append(path)
 
@@ -212,7 +228,7 @@ def analyze_trace(
     `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
     options = options or Options()
     model = load_trace(path, progress, workers)
-    model.notes.extend(_long_names(model) + _precision_notes(model))
+    model.notes.extend(_long_names(model) + _precision_notes(model, path))
     in_trace = tuple(sorted({int(n) for n in model.steps.number}))
     if options.steps is not None:
         model = restrict_to_steps(model, [n for n in in_trace if n in options.steps])  # the selection is not expanded
@@ -241,6 +257,7 @@ def analyze_trace(
 
 MAX_NAME = 8192  # characters of a name in the outputs (a 1 MB name made a 200 MB page; C++ templates reach 5,000)
 FINE_US = 1.0  # a timestamp's float step (µs) from which sub-µs durations are lost
+COARSE_US = 1000.0  # ... and from which nothing can be measured (kernels last µs to ms): the file is an error
 
 
 def _long_names(model: TraceModel) -> list[str]:
@@ -255,9 +272,10 @@ def _long_names(model: TraceModel) -> list[str]:
     return [f"{cut} names longer than {MAX_NAME} characters were cut to {MAX_NAME} in every output"] if cut else []
 
 
-def _precision_notes(model: TraceModel) -> list[str]:
+def _precision_notes(model: TraceModel, path: str) -> list[str]:
     """A note when the timestamps are so large that float64 cannot tell sub-µs apart (2^52 µs and beyond: every
-    duration shorter than the float step is lost, at 2^63 µs or 1e300 all of them)."""
+    duration shorter than the float step is lost); a UserError from a 1 ms step (2^62 µs and beyond, 1e300),
+    where every kernel's duration is lost and any verdict would be made up."""
     largest = 0.0
     for table in (model.gpu, model.runtime, model.ops, model.syncs, model.steps):
         for column in ("start", "end"):
@@ -267,6 +285,15 @@ def _precision_notes(model: TraceModel) -> list[str]:
     step = float(np.spacing(largest)) if largest > 0 else 0.0
     if step < FINE_US:
         return []
+    # the error judges the GPU work's typical time, so that one wild event among good ones is only the note
+    starts = model.gpu.start if len(model.gpu) else model.ops.start
+    typical = float(np.median(np.abs(starts))) if len(starts) else largest
+    if np.spacing(typical) >= COARSE_US:
+        raise UserError(
+            f"timestamps reach {typical:.3g} µs, where a float64 time moves in steps of {np.spacing(typical):.3g} "
+            "µs: no kernel's duration can be measured (is the trace's clock in µs since the epoch or boot?)",
+            path,
+        )
     return [
         f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: durations and "
         "gaps shorter than that are lost or rounded (is the trace's clock in µs since the epoch or boot?)"
@@ -366,6 +393,11 @@ def analyze_inputs(
     if options.prefer_traces or options.steps is not None:  # summaries carry no events and cover every step
         inputs = dataclasses.replace(inputs, traces=inputs.traces + [s.trace for s in summaries if s.trace is not None])
         summaries = [s for s in summaries if s.trace is None]
+    if options.steps is not None and summaries and not inputs.traces:
+        raise UserError(
+            f"--steps {format_numbers(options.steps, ':')} needs the ranks' traces, and these inputs hold only "
+            f"per-rank summaries ({len(summaries)}), which cover every step: analyze a run whose traces were kept"
+        )
     for summary in summaries:
         outcome = read_summary(summary)
         if options.steps is not None and outcome[2] is None:
@@ -459,8 +491,30 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
             r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
         },
         bandwidth=job_bandwidth(results, job),
-        notes=[*job.notes, *job_notes(ranks), *(accounting_notes(results) if options.diagnose else [])] or None,
+        notes=[
+            *job.notes,
+            *_host_notes(ranks, job.hosts),
+            *job_notes(ranks),
+            *(accounting_notes(results) if options.diagnose else []),
+        ]
+        or None,
     )
+
+
+def _host_notes(ranks: list[RankMetrics], hosts: dict[int, str]) -> list[str]:
+    """A note when run.json puts ranks on other hosts than their traces say (names compared up to the first dot:
+    `node1` is `node1.cluster`): traces of a rerun copied over another run's folder, or another job's."""
+    short = lambda name: name.split(".", 1)[0].lower()  # noqa: E731
+    moved = [
+        (r.rank, hosts[r.rank], r.host)
+        for r in ranks
+        if r.rank in hosts and r.host and short(hosts[r.rank]) != short(r.host)
+    ]
+    if not moved:
+        return []
+    shown = "; ".join(f"rank {rank}: {said} in run.json, {seen} in its trace" for rank, said, seen in moved[:3])
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return [f"run.json and the traces disagree on hosts ({shown}{more}): are the traces of the run that wrote it?"]
 
 
 def _world(value: object) -> int | None:

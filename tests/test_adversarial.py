@@ -826,7 +826,7 @@ def test_megabyte_kernel_names_are_cut_in_every_output(tmp_path: Path) -> None:
         assert len(out) < 1_000_000 and b"x" * 8193 not in out
 
 
-@pytest.mark.parametrize("origin", [2.0**62, 1e17, 1e300])
+@pytest.mark.parametrize("origin", [2.0**53, 1e17])
 def test_timestamps_too_large_for_float_precision_are_noted(tmp_path: Path, origin: float) -> None:
     events = [dict(e, ts=e["ts"] + origin) if "ts" in e else e for e in good_events()]
     (tmp_path / "rank0.json").write_bytes(doc_bytes(events))
@@ -834,6 +834,15 @@ def test_timestamps_too_large_for_float_precision_are_noted(tmp_path: Path, orig
     assert code == 0, stderr
     assert any("where a float64 time moves in steps of" in n for n in _notes(stdout)), _notes(stdout)
     assert b"Infinity" not in (tmp_path / "r.html").read_bytes()
+
+
+@pytest.mark.parametrize("origin", [2.0**62, 2.0**63, 1e300])
+def test_timestamps_where_nothing_can_be_measured_are_an_error(tmp_path: Path, origin: float) -> None:
+    # a 1 ms float step or coarser: every duration is lost, and a verdict (or a passing gate) would be made up
+    events = [dict(e, ts=e["ts"] + origin) if "ts" in e else e for e in good_events()]
+    (tmp_path / "rank0.json").write_bytes(doc_bytes(events))
+    code, stdout, stderr = cli("analyze", str(tmp_path / "rank0.json"), "-j", "1")
+    assert code == 2 and "no kernel's duration can be measured" in stderr and "Traceback" not in stderr
     # real clocks (1.7e15 µs since the epoch, a 0.25 µs float step) are fine and say nothing
     events = [dict(e, ts=e["ts"] + 1.7e15) if "ts" in e else e for e in good_events()]
     (tmp_path / "rank0.json").write_bytes(doc_bytes(events))

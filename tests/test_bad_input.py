@@ -112,3 +112,54 @@ def test_bad_ds_config(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text("{nope")
     assert_clean_error(run_cli("analyze", str(trace), "--ds-config", str(cfg)), "ds.json", "DeepSpeed config")
+
+
+def test_a_file_named_twice_is_read_once(tmp_path):
+    good_trace(tmp_path, 0)
+    good_trace(tmp_path, 1)
+    (tmp_path / "link.json.gz").symlink_to(tmp_path / "rank1.json.gz")
+    proc = run_cli("analyze", str(tmp_path), str(tmp_path / "rank0.json.gz"), "--format", "json", "-o", "-")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["rank"] for r in json.loads(proc.stdout)["ranks"]] == [0, 1]  # folder + a file in it + a link
+    assert not (Path.cwd() / "-").exists()  # `-o -` is stdout, not a file named "-"
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "help_of"),
+    [
+        (["analyze", "--bogus"], "No such option '--bogus'", "overlapcheck analyze --help"),
+        (["--bogus"], "No such option '--bogus'", "overlapcheck --help"),
+        (["analyze"], "Missing argument 'PATHS...'", "overlapcheck analyze --help"),
+        (["analyze", ".", "--steps", "x"], "Invalid value for --steps", "overlapcheck analyze --help"),
+        (["nosuch"], "No such command 'nosuch'", "overlapcheck --help"),
+        (["baseline", "nosuch"], "No such command 'nosuch'", "overlapcheck baseline --help"),
+    ],
+)
+def test_usage_errors_are_one_line_naming_the_help(args, message, help_of):
+    proc = run_cli(*args)
+    assert_clean_error(proc, message, f"(see '{help_of}')")
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1
+
+
+def test_a_run_manifest_that_is_no_object_is_an_error_and_another_schema_a_note(tmp_path):
+    good_trace(tmp_path, 0)
+    (tmp_path / "run.json").write_text("[1, 2]")
+    assert_clean_error(run_cli("analyze", str(tmp_path)), "a run manifest must be a JSON object")
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "other.run/9", "world_size": "two", "ranks": 5}))
+    proc = run_cli("analyze", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(proc.stdout)["notes"]
+    assert any("run.json's schema is 'other.run/9', not 'overlapcheck.run/1'" in n for n in notes), notes
+
+
+def test_run_json_and_traces_that_disagree_on_hosts_are_a_note(tmp_path):
+    for rank, host in ((0, "node1.cluster"), (1, "node7")):
+        events = [kernel(GEMM, 0, 10), kernel(NCCL, 5, 10, stream=20)]
+        write_trace(tmp_path, f"rank{rank}.json.gz", events, rank=rank, host_name=host)
+    ranks = [{"rank": 0, "host": "node1"}, {"rank": 1, "host": "node2"}]
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "ranks": ranks}))
+    proc = run_cli("analyze", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(proc.stdout)["notes"]
+    [note] = [n for n in notes if "disagree on hosts" in n]
+    assert "rank 1: node2 in run.json, node7 in its trace" in note and "rank 0" not in note  # node1 is node1.cluster

@@ -400,3 +400,15 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, case):
         assert len(lines) == 1 and lines[0].startswith("overlapcheck: error: "), (case, result.output)
         assert "Traceback" not in result.output
         assert str(bad) in lines[0] or case == "truncated"
+
+
+def test_the_bundled_before_and_after_pair_is_one_job_and_its_fix():
+    samples = Path(__file__).resolve().parents[1] / "sample_traces"
+    result = invoke(str(samples / "seed-5201"), str(samples / "seed-5201-fixed"), "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert not doc["verdict"].startswith("Not like for like")  # same job, same world size, same steps
+    assert "gone: reduce-scatter-deferred" in doc["verdict"]
+    rs = next(k for k in doc["kinds"] if k["kind"] == "reduce_scatter")["exposed_us_per_step"]
+    assert rs["after"] < rs["before"] / 3  # the fix hides most of it
+    assert doc["notes"] == [] or not any("world size" in n for n in doc["notes"])

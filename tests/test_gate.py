@@ -7,7 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
-from builders import make_report, report_doc
+from builders import as_report, make_report, report_doc
 
 from overlapcheck.errors import UserError
 from overlapcheck.gate import (
@@ -289,3 +289,17 @@ def test_step_summary_appends(tmp_path):
     assert append_step_summary("### table", {"GITHUB_STEP_SUMMARY": str(target)}) == str(target)
     assert target.read_text() == "earlier step\n### table\n"
     assert append_step_summary("x", {}) is None
+
+
+def test_communication_the_baseline_had_and_the_report_lost_fails():
+    base = make_report(2)
+    doc = report_doc(2)
+    for rank in doc["ranks"]:  # a capture that lost the all-gathers (other steps, NCCL not profiled)
+        rank["collectives"]["all_gather"] = {"count": 0, "time_us": 0.0, "overlapped_us": 0.0, "exposed_us": 0.0}
+        rank["collectives"]["all_gather"]["overlap"] = None
+    lost = by_id(run_checks(as_report(doc), GateConfig(), baseline=base))["overlap-drop.all_gather"]
+    assert not lost.passed and "has none: was it captured" in lost.detail
+    # a kind neither side has is nothing to compare, and passes
+    assert by_id(run_checks(base, GateConfig(max_overlap_drop={"all_to_all": 0.0}), baseline=base))[
+        "overlap-drop.all_to_all"
+    ].passed

@@ -384,3 +384,22 @@ def test_older_documents_without_periods_still_load():
     assert report.ranks[0].before_first_step is None and report.ranks[0].steps[0].period_us is None
     again = Report.from_dict(report.to_dict())
     assert again == report
+
+
+def test_a_repeated_step_number_is_one_step_and_a_note(tmp_path):
+    # the profiler restarted: ProfilerStep#5 twice, each with a 10 µs all-gather of which 4 µs are exposed
+    events = []
+    for base, corr in ((0, 1), (100, 3)):
+        events += [step(5, base, 50), launch(base + 1, corr), launch(base + 2, corr + 1)]
+        events += [kernel(GEMM, base + 10, 6, corr=corr), kernel(AG_NEW, base + 10, 10, stream=30, corr=corr + 1)]
+    r = rank_of(tmp_path, events)
+    [only] = r.steps
+    assert only.step == 5 and only.start_us == 10  # the first step's GPU work
+    assert only.collectives["all_gather"] == Split(
+        count=1, time_us=10.0, overlapped_us=6.0, exposed_us=4.0, overlap=0.6
+    )
+    assert r.outside_steps.collectives["all_gather"].count == 1  # the second #5's, not counted twice
+    assert any("ProfilerStep numbers repeat (#5 x2" in n for n in r.notes)
+    # the same span annotated twice (two categories of one step) is one step and no note
+    same = rank_of(tmp_path, [step(5, 0, 50), step(5, 0, 50), launch(1, 1), kernel(GEMM, 10, 6, corr=1)])
+    assert len(same.steps) == 1 and not any("repeat" in n for n in same.notes)

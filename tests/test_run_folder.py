@@ -85,3 +85,13 @@ def test_an_incomplete_capture_is_said_in_the_html(run_dir: Path, tmp_path: Path
     proc = run_cli("report", str(run_dir), "--html", str(page))
     assert proc.returncode == 0, proc.stderr
     assert "capture: capture incomplete on 1 of 2 ranks" in page.read_text()
+
+
+def test_steps_over_summaries_without_traces_is_an_error(run_dir: Path) -> None:
+    for rank in (0, 1):
+        _summarize(run_dir, rank)
+    shutil.rmtree(run_dir / "traces")  # traces deleted after the run, to save space
+    proc = run_cli("report", str(run_dir), "--steps", "5:6")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "--steps 5:6 needs the ranks' traces" in proc.stderr
+    assert run_cli("report", str(run_dir)).returncode == 0  # without --steps the summaries are the report

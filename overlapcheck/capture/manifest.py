@@ -18,8 +18,9 @@ from typing import Any
 from overlapcheck import __version__
 from overlapcheck.capture import layout
 from overlapcheck.capture.atomic import read_json
+from overlapcheck.job import RUN_SCHEMA
 
-SCHEMA = "overlapcheck.run/1"
+SCHEMA = RUN_SCHEMA
 _RANK_FILE = re.compile(r"rank(\d+)\.json$")
 _LAUNCHER_FILE = re.compile(r"launcher(\d+)\.json$")
 

@@ -34,7 +34,7 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 help="Terminal text, the JSON report document (docs/report-schema.md), Markdown, or the HTML page "
                 "(as --html writes it).",
             ),
-            click.option("-o", "--output", metavar="FILE", help="Write the report to FILE."),
+            click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (`-` for stdout)."),
             click.option("--html", "html_path", metavar="FILE", help="Also write a self-contained HTML report."),
             click.option(
                 "--perfetto",
@@ -120,6 +120,7 @@ def run_report(
     from overlapcheck.job import parse_network
     from overlapcheck.report import renderer
 
+    output = None if output == "-" else output
     targets = [t for t in (output, html_path, perfetto_path) if t]
     inputs = pipeline.find_inputs(paths)
     # fail before a long analysis, not after; an output is never one of the files read, even with --force

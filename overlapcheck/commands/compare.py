@@ -52,7 +52,7 @@ def load_side(path: str, jobs: int | None = None, scheduler: str | None = None) 
     show_default=True,
     help="Terminal text, the JSON comparison (docs/compare-schema.md), Markdown (a PR comment) or HTML.",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the comparison to FILE.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the comparison to FILE (`-` for stdout).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Also write the side-by-side HTML page.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the JSON comparison.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Also write the Markdown.")
@@ -87,6 +87,7 @@ def command(
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.compare_render import compare_renderer
 
+    output = None if output == "-" else output
     extra = [(p, name) for p, name in ((html_path, "html"), (json_path, "json"), (markdown_path, "markdown")) if p]
     outputs = [(output, fmt)] if output else []
     outputs += extra

@@ -14,6 +14,7 @@ from overlapcheck.simulate.scenarios import SAMPLE_PRESETS
 SMALL = {"nodes": 2, "gpus_per_node": 1}
 OWN_SIZE = {
     "seed-5201": {},
+    "seed-5201-fixed": {},  # the seed's "after": the same job with its first fix
     "healthy": {},
     "same-communicator": {"nodes": 2, "gpus_per_node": 2},
     "degraded-network": {},  # 2x4: the slow network must dominate the exposed time (2x1 also has schedule waits)

@@ -23,6 +23,20 @@ class Preset:
 
 BASE = {"nodes": 2, "gpus_per_node": 2, "model.layers": 4}  # small sets unless a preset says otherwise
 
+_SEED: dict[str, Any] = {  # DeepSpeed issue 5201's job
+    "nodes": 4,
+    "gpus_per_node": 8,
+    "gpu": "A100",
+    "torch_version": "1.13.1",
+    "deepspeed_version": "0.13.3",
+    "nccl_version": "2.14.3",
+    "reduce_bucket_size": 500_000_000,
+    "throughput_timer_sync": True,
+    "model.layers": 6,
+    "model.micro_batch": 1,
+    "clock_skew_us": 2500.0,
+}
+
 PRESETS: dict[str, Preset] = {
     "healthy": Preset(
         "ZeRO-3 done right: overlap_comm, 5e7 buckets, prefetch; only the last bucket is exposed",
@@ -31,20 +45,14 @@ PRESETS: dict[str, Preset] = {
     "seed-5201": Preset(
         "DS #5201: 4x8 A100, DeepSpeed 0.13.3, torch 1.13.1, bf16, overlap_comm, default 5e8 bucket > 367M "
         "params, so every reduce-scatter waits for the end of backward; throughput-timer syncs; skewed node clocks",
-        {
-            "nodes": 4,
-            "gpus_per_node": 8,
-            "gpu": "A100",
-            "torch_version": "1.13.1",
-            "deepspeed_version": "0.13.3",
-            "nccl_version": "2.14.3",
-            "reduce_bucket_size": 500_000_000,
-            "throughput_timer_sync": True,
-            "model.layers": 6,
-            "model.micro_batch": 1,
-            "clock_skew_us": 2500.0,
-        },
+        _SEED,
         ("reduce-scatter-deferred", "throughput-timer-sync"),
+    ),
+    "seed-5201-fixed": Preset(
+        "DS #5201 after its first fix: the same job with reduce_bucket_size 5e7, so the reduce-scatters overlap "
+        "backward; the throughput-timer syncs remain (the 'after' of the seed's before/after pair)",
+        {**_SEED, "reduce_bucket_size": 50_000_000},
+        ("throughput-timer-sync",),
     ),
     "bucket-too-large": Preset(
         "reduce_bucket_size (1e9) above the parameter count: reduce-scatter deferred",
@@ -144,6 +152,7 @@ PRESETS: dict[str, Preset] = {
 SAMPLE_PRESETS = (
     "healthy",
     "seed-5201",
+    "seed-5201-fixed",
     "bucket-too-large",
     "no-overlap-comm",
     "comms-logger",

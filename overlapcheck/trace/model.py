@@ -497,13 +497,18 @@ class ModelBuilder:
         return model
 
     def _build(self, metadata: dict[str, Any]) -> TraceModel:
-        steps = sorted(self.steps, key=lambda s: s[1])
+        steps, repeated = _first_of_each_number(self.steps)
         threads = [("", "", "")] * len(self._threads)
         for (pid, tid), idx in self._threads.items():
             threads[idx] = (pid, tid, self._thread_names.get((pid, tid), ""))
         # flushed before the counts are read: the last batch's clamped integers are counted at its flush
         tables = {family: getattr(self, family).table() for family in _FAMILIES}
         notes = self._notes()
+        if repeated:
+            notes.append(
+                f"ProfilerStep numbers repeat ({repeated}; a profiler restarted, or traces joined?): only the first "
+                "step of each number is a step, the later ones' activity counts outside steps"
+            )
         if self.comms and len(tables["gpu"]):
             self._sizes_from_comms(tables["gpu"], tables["runtime"], self.comms)
         if self.shapes and len(tables["gpu"]):
@@ -609,6 +614,19 @@ class ModelBuilder:
             fields = ", ".join(f"{key} ({n})" for key, n in sorted(counts.items()))
             notes.append(f"integers out of range, read as unknown (-1): {fields}")
         return notes
+
+
+def _first_of_each_number(steps: list[tuple[int, float, float]]) -> tuple[list[tuple[int, float, float]], str]:
+    """The steps in time order, each number once (its first span; the same span annotated twice is one step),
+    and the repeated numbers with their counts ('' when none), e.g. '#5 x2, #6 x2'."""
+    kept: dict[int, tuple[int, float, float]] = {}
+    extra: dict[int, int] = {}
+    for s in sorted(steps, key=lambda s: s[1]):
+        first = kept.setdefault(s[0], s)
+        if first is not s and first[1:] != s[1:]:
+            extra[s[0]] = extra.get(s[0], 1) + 1
+    text = ", ".join(f"#{n} x{k}" for n, k in list(extra.items())[:5])
+    return sorted(kept.values(), key=lambda s: s[1]), text + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
 
 
 def release_free_memory() -> None:
