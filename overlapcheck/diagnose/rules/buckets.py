@@ -9,6 +9,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.coverage import gradient_tails, transfer_us
+from overlapcheck.diagnose.facts.dtypes import fp32_reductions
 from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, RS, parameter_count, reduce_bucket_size
 from overlapcheck.diagnose.facts.view import RankFacts
@@ -379,6 +380,9 @@ def reduce_transfer_bound(view: RankFacts) -> list[Finding]:
     if not starts:
         return []
     covers = iv.subtract(iv.union(np.array(starts), np.array(ends)), view.compute)
+    fp32 = fp32_reductions(view)
+    if fp32 is not None:  # the part the training dtype would save is fp32-communication's, not a limit
+        covers = iv.subtract(covers, fp32.saved)
     cost = iv.length(covers) / view.n_steps
     if cost <= 0:
         return []
