@@ -175,3 +175,54 @@ def test_pinned_parameter_copy_that_returns_at_once_is_no_finding(tmp_path: Path
     assert origins(tmp_path) == [("param-offload-copy", False)]  # its frames matched; it waited for nothing
     assert "offload-param-copy" not in rules(report)
     assert [f.rule for f in report.findings if f.severity != "info"] == []
+
+
+# -- small-reductions (issue 20 item 5) -----------------------------------------------------------------------
+
+SMALL_ELEMS = 1 << 19  # 1 MiB in bf16
+LARGE_ELEMS = 1 << 24  # 32 MiB
+
+
+def small_reductions_step(small_us: float = 50.0, hidden: bool = False) -> list[dict[str, Any]]:
+    """ProfilerStep#1 [0, 10000): a 32 MiB reduce-scatter [100, 500) under GEMM A [0, 1000) (84 GB/s); 16
+    reduce-scatters of 1 MiB back to back on stream 17 from 1000, `small_us` each, with nothing beside them (or,
+    `hidden`, under GEMM B [1000, 2000)); GEMM B otherwise [2000, 2500)."""
+    events = [step(1, 0, 10000), launch(0, 1), kernel(GEMM, 0, 1000, corr=1), launch(1, 2)]
+    events.append(kernel(RS_BF16, 100, 400, stream=17, corr=2, **args("BFloat16", LARGE_ELEMS)))
+    for i in range(16):
+        events += [
+            launch(2 + i, 10 + i),
+            kernel(RS_BF16, 1000 + i * small_us, small_us, stream=17, corr=10 + i, **args("BFloat16", SMALL_ELEMS)),
+        ]
+    b = (1000, 1000) if hidden else (2000, 500)
+    return [*events, launch(30, 40), kernel(GEMM, b[0], b[1], corr=40)]
+
+
+SMALL_BUCKETS = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 3, "reduce_bucket_size": 100_000}}
+
+
+def test_latency_bound_reductions_cost_their_time_beyond_the_large_ones_rate(tmp_path: Path) -> None:
+    # the large one moves 32 MiB in 400 µs (83.9 bytes/µs); a 1 MiB one would take 12.5 µs at that rate and takes
+    # 50 (25 %): 37.5 µs each of latency, all exposed, 16 per step; the parameters are the step's reduce-scatter
+    # elements (25.2M): a quarter, to two significant digits, is the suggested bucket
+    f = rules(diagnose(tmp_path, small_reductions_step(), SMALL_BUCKETS))["small-reductions"]
+    assert f.cost_us == pytest.approx(16 * (50.0 - (2 * SMALL_ELEMS) / (2 * LARGE_ELEMS / 400.0)))
+    assert f.fix.config == {"zero_optimization.reduce_bucket_size": 6_300_000}
+    assert f.evidence["latency_bound_per_step"] == 16 and f.evidence["median_bytes"] == 2 * SMALL_ELEMS
+
+
+@pytest.mark.symptom_without_cause("small-reductions")
+@pytest.mark.parametrize(
+    ("case", "small_us", "hidden", "bucket"),
+    [("hidden", 50.0, True, 100_000), ("same-rate", 14.0, False, 100_000), ("large-bucket", 50.0, False, 6_300_000)],
+)
+def test_small_reductions_without_the_cause_are_no_finding(
+    tmp_path: Path, case: str, small_us: float, hidden: bool, bucket: int
+) -> None:
+    # hidden under compute they cost nothing (nothing above info); at 14 µs they run at 89 % of the large ones'
+    # rate: small, not latency-bound; with the suggested bucket already set, the bucket is not what keeps them small
+    config = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 3, "reduce_bucket_size": bucket}}
+    report = diagnose(tmp_path, small_reductions_step(small_us, hidden), config)
+    assert "small-reductions" not in rules(report)
+    if hidden:
+        assert [f.rule for f in report.findings if f.severity != "info"] == []

@@ -15,6 +15,7 @@ RULES: tuple[Rule, ...] = (
     buckets.DEFERRED,
     buckets.OVERLAP_COMM_DISABLED,
     buckets.TINY_COLLECTIVES,
+    buckets.SMALL_REDUCTIONS,
     dtypes.FP32_COMMUNICATION,
     syncs.COMMS_LOGGER,
     syncs.THROUGHPUT_TIMER,

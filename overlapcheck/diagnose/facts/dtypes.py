@@ -63,7 +63,7 @@ def training_dtype(view: RankFacts) -> tuple[str | None, str]:
     return None, "unknown"
 
 
-def _exposed_tail(start: float, end: float, compute: iv.Intervals, saved: float) -> tuple[list[float], list[float]]:
+def exposed_tail(start: float, end: float, compute: iv.Intervals, saved: float) -> tuple[list[float], list[float]]:
     """The last `saved` µs of the exposed part of [start, end): what a shorter transfer would end sooner."""
     exposed = iv.subtract(iv.union(np.array([start]), np.array([end])), compute)
     starts, ends = [], []
@@ -140,7 +140,7 @@ def _fp32_reductions(view: RankFacts) -> Fp32Reductions | None:
         saved = min(exposed, 0.5 * float(transfer[r]))
         if saved <= 0:
             continue
-        a, b = _exposed_tail(s, e, view.compute, saved)
+        a, b = exposed_tail(s, e, view.compute, saved)
         starts += a
         ends += b
     windows = iv.union(np.array(starts), np.array(ends)) if starts else iv.EMPTY
