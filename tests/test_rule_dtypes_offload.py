@@ -78,6 +78,13 @@ def test_fp32_reductions_under_bf16_cost_half_their_exposed_transfer(tmp_path: P
     # without a config the all-gathers' BFloat16 records say the job trains in bf16
     f = rules(diagnose(tmp_path / "none", reduction_step(RS_F32, "Float")))["fp32-communication"]
     assert f.cost_us == pytest.approx(100.0) and f.evidence["training_dtype_from"] == "all-gather records"
+    # under fp16 the fix is fp16; DeepSpeed still reads the old `bfloat16` section as bf16
+    fp16 = {"fp16": {"enabled": True}, "communication_data_type": "fp32"}
+    f = rules(diagnose(tmp_path / "fp16", reduction_step(RS_F32, "Float", "Half"), fp16))["fp32-communication"]
+    assert f.fix.config == {"communication_data_type": "fp16"}
+    old = {"bfloat16": {"enabled": True}}
+    f = rules(diagnose(tmp_path / "old", reduction_step(RS_F32, "Float", "Float"), old))["fp32-communication"]
+    assert f.evidence["training_dtype_from"] == "ds_config bfloat16.enabled"
     # the kernel name alone (no dtype record) says f32 too
     f = rules(diagnose(tmp_path / "name", reduction_step(RS_F32, "")))["fp32-communication"]
     assert f.cost_us == pytest.approx(100.0)

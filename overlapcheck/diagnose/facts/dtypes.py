@@ -50,9 +50,11 @@ def training_dtype(view: RankFacts) -> tuple[str | None, str]:
     parameters in their own dtype); None when neither says."""
     if config_value(view.config, "bf16.enabled") is True:
         return "bf16", "ds_config bf16.enabled"
+    if config_value(view.config, "bfloat16.enabled") is True:  # runtime/constants.py BFLOAT16_OLD, still read
+        return "bf16", "ds_config bfloat16.enabled"
     if config_value(view.config, "fp16.enabled") is True:
         return "fp16", "ds_config fp16.enabled"
-    if config_value(view.config, "bf16") is not None or config_value(view.config, "fp16") is not None:
+    if any(config_value(view.config, key) is not None for key in ("bf16", "bfloat16", "fp16")):
         return "fp32", "ds_config"
     g = view.gpu
     gathers = np.flatnonzero(view.is_comm & (g.coll == AG) & (g.dtype >= 0))
