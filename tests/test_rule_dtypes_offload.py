@@ -85,9 +85,12 @@ def test_fp32_reductions_under_bf16_cost_half_their_exposed_transfer(tmp_path: P
     old = {"bfloat16": {"enabled": True}}
     f = rules(diagnose(tmp_path / "old", reduction_step(RS_F32, "Float", "Float"), old))["fp32-communication"]
     assert f.evidence["training_dtype_from"] == "ds_config bfloat16.enabled"
-    # the kernel name alone (no dtype record) says f32 too
+    # the kernel name alone (no dtype record) says f32 too, in NCCL >= 2.19's spelling and the older one
     f = rules(diagnose(tmp_path / "name", reduction_step(RS_F32, "")))["fp32-communication"]
     assert f.cost_us == pytest.approx(100.0)
+    older = "ncclKernel_ReduceScatter_RING_LL_Sum_float(ncclWorkElem)"
+    f = rules(diagnose(tmp_path / "older", reduction_step(older, ""), config))["fp32-communication"]
+    assert f.cost_us == pytest.approx(100.0) and f.evidence["kernel"] == older
 
 
 @pytest.mark.symptom_without_cause("fp32-communication")
