@@ -7,7 +7,7 @@ the order of equal-cost findings. docs/rules.md describes each rule; to add one,
 from __future__ import annotations
 
 from overlapcheck.diagnose.rule import Rule
-from overlapcheck.diagnose.rules import bandwidth, buckets, exposure, stragglers, streams, syncs, waits
+from overlapcheck.diagnose.rules import bandwidth, buckets, dtypes, exposure, stragglers, streams, syncs, waits
 
 INHERENT_MIN_US = 1.0  # an inherent rule's finding is reported only from this cost per step
 
@@ -15,9 +15,12 @@ RULES: tuple[Rule, ...] = (
     buckets.DEFERRED,
     buckets.OVERLAP_COMM_DISABLED,
     buckets.TINY_COLLECTIVES,
+    buckets.SMALL_REDUCTIONS,
+    dtypes.FP32_COMMUNICATION,
     syncs.COMMS_LOGGER,
     syncs.THROUGHPUT_TIMER,
     syncs.OFFLOAD_COPY,
+    syncs.PARAM_OFFLOAD,
     syncs.REDUCE_THROTTLE,
     syncs.FETCH_THROTTLE,
     syncs.EPILOGUE,

@@ -61,6 +61,8 @@ LATE_FIELDS = (
     "user_wait_stream",
     "backward_host_us",
     "layout",
+    "offload_param",
+    "offload_param_pin_memory",
 )
 # how the trace files are written (docs/simulator.md, Layouts): "default" follows the versions' own switches;
 # "ds013" writes what DeepSpeed 0.13.3 + torch 1.13.1 + NCCL 2.14 wrote (DS #5201's stack)
@@ -113,6 +115,8 @@ class SimConfig:
     user_wait_stream: bool = False  # a user grad hook: current_stream().wait_stream(reduce stream) per gradient
     backward_host_us: float = 0.0  # extra Python time per hooked module in backward (deep module trees)
     layout: str = "default"  # one of LAYOUTS
+    offload_param: bool = False  # zero_optimization.offload_param to CPU: each gather copies its shard to the GPU
+    offload_param_pin_memory: bool = False  # its pin_memory: pinned copies run asynchronously
 
     @property
     def world_size(self) -> int:
@@ -150,6 +154,8 @@ class SimConfig:
         }
         if self.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": self.offload_pin_memory}
+        if self.offload_param:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": self.offload_param_pin_memory}
         cfg: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": self.model.micro_batch,
             "train_batch_size": self.model.micro_batch * self.world_size,

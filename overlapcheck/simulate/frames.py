@@ -92,6 +92,14 @@ class Frames:
             f"{Z}partitioned_param_coordinator.py({self.line['fetch_impl']}): _fetch_sub_module_impl",
         )
 
+    def offload_copy(self) -> tuple[str, ...]:
+        """partition_parameters.py `_all_gather_dtype`: `p.ds_tensor.to(device)` for each offloaded shard."""
+        return (
+            f"{Z}partitioned_param_coordinator.py(568): __all_gather_params",
+            f"{Z}partition_parameters.py(1539): all_gather_coalesced",
+            f"{Z}partition_parameters.py(1360): _all_gather_dtype",
+        )
+
     def all_gather(self) -> tuple[str, ...]:
         return (
             f"{Z}partitioned_param_coordinator.py(568): __all_gather_params",

@@ -277,6 +277,17 @@ class Host:
         rt = yield from self._block("cudaDeviceSynchronize", ops)
         self._sync_record(rt, "Context Sync", 4294967295, {})
 
+    def blocking_copy(self, name: str, stream: int, dur: float, args: dict[str, Any]) -> Generator[GpuOp, None, GpuOp]:
+        """A cudaMemcpyAsync that returns only once its copy has ended (from pageable host memory the driver
+        stages the data and the call waits for the stream's queue and the copy)."""
+        op = self.launch(name, stream, dur, cls="memcpy", kind="memcpy", args=args)
+        rt = self.cpu[-1]
+        if op.end is None:
+            yield op
+        self.t = max(self.t, op.end_time)
+        rt.dur = self.t - rt.ts
+        return op
+
     def query(self, event: Event) -> Generator[GpuOp, None, bool]:
         """cudaEventQuery: True when the event's work has finished by now."""
         self._runtime("cudaEventQuery", "f")

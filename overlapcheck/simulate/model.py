@@ -148,12 +148,30 @@ class RankStep:
     # -- parameter fetch (partitioned_param_coordinator.py) ----------------------------------
     def _all_gather(self, module: int) -> Step:
         numel = self._numel(module) // self.cfg.world_size
+        if self.cfg.offload_param:
+            yield from self._offload_copy(numel)
         with self.host.frames(*self.fr.all_gather()):
             self.host.spend(60.0 + 15.0 * len(self.modules[module]), "allgather-prep")
             op = yield from self.collective(
                 "all_gather", self.ag_pg, numel, "bf16", self.ag_stream, True, (), self.fr.all_gather_tail()
             )
         self.inflight[module] = op
+
+    def _offload_copy(self, numel: int) -> Step:
+        """offload_param: the shard's `ds_tensor.to(device)` on the all-gather stream (torch copy_ with
+        non_blocking=False: from pageable memory the call returns once the staged copy is done; from pinned
+        memory it is asynchronous here, an assumption: DeepSpeed then synchronizes only through the gather's
+        handle)."""
+        host, pinned = self.host, self.cfg.offload_param_pin_memory
+        nbytes = numel * 2
+        us = host_copy_us(nbytes, pinned)
+        name = f"Memcpy HtoD ({'Pinned' if pinned else 'Pageable'} -> Device)"
+        args = {"bytes": nbytes, "memory bandwidth (GB/s)": nbytes / (us * 1e3)}
+        with host.frames(*self.fr.offload_copy()), host.cpu_op("aten::to", cost=6.0), host.cpu_op("aten::copy_"):
+            if pinned:
+                host.launch(name, self.ag_stream, us, kind="memcpy", cls="memcpy", args=args)
+            else:
+                yield from host.blocking_copy(name, self.ag_stream, us, args)
 
     def fetch(self, module: int, order: list[int]) -> Step:
         host = self.host

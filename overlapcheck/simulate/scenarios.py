@@ -146,6 +146,18 @@ PRESETS: dict[str, Preset] = {
         "prefetches the next module, so nothing changes (a healthy variant, no cause)",
         {"prefetch_bucket_size": 1_000_000},
     ),
+    "fp32-comm": Preset(
+        "communication_data_type: fp32 under bf16 training: every reduce-scatter moves "
+        "twice the bytes it needs (_f32 kernels, Float records) and the reductions outlast backward",
+        {"communication_data_type": "fp32"},
+        ("fp32-communication",),
+    ),
+    "offload-pageable": Preset(
+        "offload_param to CPU without pin_memory: every all-gather first copies its shard from pageable host "
+        "memory with a blocking copy in all_gather_coalesced, so the fetching thread waits for each copy",
+        {"offload_param": True},
+        ("offload-param-copy",),
+    ),
 }
 
 # the presets of the first sample sets (samples.py, sample_traces/); later ones are not shipped
@@ -268,6 +280,14 @@ CAUSES: dict[str, Cause] = {
         lambda cfg: {},
         rule="cross-stream-wait",
         extra=lambda cfg: {"call_site": USER_GRAD_HOOK},
+    ),
+    "fp32-communication": Cause(
+        lambda cfg: {"communication_data_type": "bf16"},
+        lambda cfg: {"config": {"communication_data_type": "bf16"}},
+    ),
+    "offload-param-copy": Cause(
+        lambda cfg: {"offload_param_pin_memory": True},
+        lambda cfg: {"config": {"zero_optimization.offload_param.pin_memory": True}},
     ),
     "allgather-not-prefetched": Cause(
         lambda cfg: {"prefetch_bucket_size": 50_000_000},

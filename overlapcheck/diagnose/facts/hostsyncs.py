@@ -59,6 +59,7 @@ class Sync:
     site: dict[str, Any]
     funcs: set[str]
     awaited: list[int] = field(default_factory=list)
+    copy: str = ""  # the name of the GPU copy a copy call issued (`Memcpy HtoD (Pageable -> Device)`), else ""
 
     @property
     def waited(self) -> bool:
@@ -187,7 +188,10 @@ def host_syncs(view: RankFacts) -> list[Sync]:
         stream = int(g.stream[copy]) if copy >= 0 else synced.get(corr, -1)
         queue = i in is_sync or (copy >= 0 and _pageable(view, copy))  # pageable copies sync their stream first
         awaited = awaited_work(view, start, end, stream, copy, queue, asynchronous=i not in is_sync)
-        out.append(Sync(start, end, thread, view.names[name], sites.site(thread, mid), functions(stack), awaited))
+        copied = view.names[g.name[copy]] if copy >= 0 else ""
+        out.append(
+            Sync(start, end, thread, view.names[name], sites.site(thread, mid), functions(stack), awaited, copied)
+        )
     out += _orphan_sync_events(view)
     return out
 
@@ -264,6 +268,26 @@ def _is_offload_copy(s: Sync) -> bool:
     return "partition_grads" in s.funcs and ("Memcpy" in s.call or s.call == "cudaStreamSynchronize")
 
 
+# partition_parameters.py (v0.13.3 .. 0.19.x): the functions that copy an offloaded shard to the GPU before
+# gathering it (`p.ds_tensor.to(device)` in _all_gather_dtype / _all_gather_sequential, `_allgather_params*`)
+PARAM_GATHER_FUNCS = (
+    "all_gather_coalesced",
+    "_all_gather_dtype",
+    "_all_gather_sequential",
+    "_allgather_params",
+    "_allgather_params_coalesced",
+    "_allgather_params_sequential",
+)
+
+
+def _is_param_offload_copy(s: Sync) -> bool:
+    """A host-to-device copy of an offloaded parameter shard, or torch's stream sync after it (`.to(device)` is
+    `non_blocking=False`), inside DeepSpeed's all-gather of parameters; a user's `batch.to(device)` is not."""
+    if not any(f in s.funcs for f in PARAM_GATHER_FUNCS):
+        return False
+    return "HtoD" in s.copy or s.call == "cudaStreamSynchronize"
+
+
 def _is_reduce_throttle(s: Sync) -> bool:
     return s.call == "cudaEventSynchronize" and "__reduce_and_partition_ipg_grads" in s.funcs
 
@@ -285,6 +309,7 @@ class Origin:
 COMMS_LOGGER = Origin("comms-logger", _is_comms_logger)
 THROUGHPUT_TIMER = Origin("throughput-timer", _is_throughput_timer)
 OFFLOAD_COPY = Origin("offload-copy", _is_offload_copy)
+PARAM_OFFLOAD = Origin("param-offload-copy", _is_param_offload_copy)
 REDUCE_THROTTLE = Origin("reduce-throttle", _is_reduce_throttle)
 FETCH_THROTTLE = Origin("gather-throttle", _is_fetch_throttle)
 # the optimizer needs the reduced gradients the epilogue waits for
@@ -294,6 +319,7 @@ ORIGINS: tuple[Origin, ...] = (
     COMMS_LOGGER,
     THROUGHPUT_TIMER,
     OFFLOAD_COPY,
+    PARAM_OFFLOAD,
     REDUCE_THROTTLE,
     FETCH_THROTTLE,
     EPILOGUE,
@@ -479,6 +505,32 @@ def pinned_copy_tail(view: RankFacts) -> float:
         beside = iv.length(iv.clip(view.compute, float(g.start[rows[0]]), float(g.end[rows[-1]])))
         tails.append(max(dur[rows[-1]] / ratio, dur[rows].sum() / ratio - beside))
     return float(sum(tails)) / view.n_steps
+
+
+def pinned_gather_copies(view: RankFacts, syncs: list[Sync]) -> float:
+    """Per step: what the parameter-offload copies these calls waited for (pageable host-to-device copies) would
+    still take from pinned memory: their duration over the pinned/pageable bandwidth ratio, measured on this
+    trace's pinned host-to-device copies of at least half their median size when it has any (small copies are
+    latency, not bandwidth), else PINNED_OVER_PAGEABLE. An upper bound of what stays once pinned: asynchronous,
+    the pinned copies overlap the gathers and compute before them."""
+    g = view.gpu
+    rows = sorted({r for s in syncs for r in s.awaited if g.cls[r] == C.MEMCPY and _pageable_to_device(view, r)})
+    if not rows:
+        return 0.0
+    copies = np.array(rows, dtype=np.int64)
+    dur = g.end - g.start
+    ratio = PINNED_OVER_PAGEABLE
+    if (g.nbytes[copies] > 0).all():
+        floor = 0.5 * float(np.median(g.nbytes[copies]))
+        pinned = np.flatnonzero(
+            (g.cls == C.MEMCPY)
+            & view.name_mask(g.name, lambda n: "HtoD" in n and "Pinned" in n)
+            & (g.nbytes >= max(floor, 1.0))
+        )
+        if len(pinned) and dur[pinned].sum() > 0:
+            measured = (g.nbytes[pinned].sum() / dur[pinned].sum()) / (g.nbytes[copies].sum() / dur[copies].sum())
+            ratio = max(1.0, float(measured))
+    return float(dur[copies].sum()) / ratio / view.n_steps
 
 
 def origin_of(s: Sync) -> str:

@@ -2,10 +2,11 @@
 
 Precondition (docs/rules.md): at the transfer time measured across ranks (the shortest duration of each
 collective; analysis/bandwidth.py), the collectives of a phase take longer than the compute beside them, and
-that floor (exposed time no schedule could hide at this bandwidth) is at least FLOOR_SHARE of the exposed
-communication and at least MIN_STEP_SHARE of the step. Fixes reduce the bytes or add compute per byte (ZeRO++,
-a larger micro-batch, the communication dtype); when the user stated the network (`--network`) and the
-measured inter-node busbw is far below its per-GPU share, the network checks to make.
+that floor (exposed time no schedule could hide at this bandwidth), less what fp32 gradient reductions under
+half training explain of it (rules/dtypes.py), is at least FLOOR_SHARE of the exposed communication and at least
+MIN_STEP_SHARE of the step. Fixes reduce the bytes or add
+compute per byte (ZeRO++, a larger micro-batch, the communication dtype); when the user stated the network
+(`--network`) and the measured inter-node busbw is far below its per-GPU share, the network checks to make.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from overlapcheck.analysis.bandwidth import INTER, job_bandwidth
 from overlapcheck.diagnose.finding import config_value, finding, make_fix
 from overlapcheck.diagnose.rule import Rule
+from overlapcheck.diagnose.rules.dtypes import FP32_COMMUNICATION
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, RankResult
 
@@ -35,7 +37,12 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
     exposed = bw.floor_us + bw.schedulable_us
     steps = [r.metrics.step_time_us / len(r.metrics.steps) for r in results if r.metrics.steps]
     step_us = statistics.median(steps) if steps else 0.0
-    if exposed <= 0 or bw.floor_us < FLOOR_SHARE * exposed or bw.floor_us < MIN_STEP_SHARE * step_us:
+    # fp32 gradient reductions under half training move twice their bytes: what the training dtype saves of the
+    # floor is that finding's (rules/dtypes.py), not the network's; the median rank's saving
+    fp32 = [sum(f.cost_us for f in r.findings if f.rule == FP32_COMMUNICATION.id) for r in results]
+    by_dtype = min(bw.floor_us, statistics.median(fp32)) if fp32 else 0.0
+    floor = bw.floor_us - by_dtype
+    if exposed <= 0 or floor < FLOOR_SHARE * exposed or floor < MIN_STEP_SHARE * step_us:
         return []
     kinds = {
         kind: {
@@ -52,6 +59,7 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
     }
     evidence: dict[str, Any] = {
         "floor_us_per_step": round(bw.floor_us, 3),
+        **({"fp32_communication_us_per_step": round(by_dtype, 3)} if by_dtype > 0 else {}),
         "schedulable_us_per_step": round(bw.schedulable_us, 3),
         "phases": {
             p: {
@@ -76,7 +84,7 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
     if bw.network is not None:
         evidence["network"] = bw.network
     why = (
-        f"at the measured bandwidth the collectives need {bw.floor_us / 1000:.1f} ms per step more than the compute "
+        f"at the measured bandwidth the collectives need {floor / 1000:.1f} ms per step more than the compute "
         "beside them: no bucket size or prefetch can hide that; move fewer bytes or add compute per byte"
     )
     if slow:
@@ -109,12 +117,12 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
             BANDWIDTH_BOUND.id,
             "Communication is bandwidth-bound",
             why,
-            bw.floor_us,
+            floor,
             ranks,
             [],
             evidence,
             make_fix(job.ds_config, settings),
-            covers=dict.fromkeys(ranks, bw.floor_us),  # the floor is exposed on every rank
+            covers=dict.fromkeys(ranks, floor),  # the floor is exposed on every rank
         )
     ]
 

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
+from overlapcheck.analysis.bandwidth import message_bytes
 from overlapcheck.diagnose.facts.coverage import gradient_tails, transfer_us
-from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
+from overlapcheck.diagnose.facts.dtypes import exposed_tail, fp32_reductions
+from overlapcheck.diagnose.facts.hostsyncs import REDUCE_THROTTLE, STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, RS, parameter_count, reduce_bucket_size
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
@@ -360,6 +362,106 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
     ]
 
 
+LARGE_BYTES = 16 << 20  # a reduce-scatter this large runs at the link's bandwidth: the reference rate
+LATENCY_BOUND = 0.5  # a reduction whose rate is below this share of the large ones' is latency-bound
+SMALL_PER_STEP = 16  # many of them per step
+
+
+def small_reductions(view: RankFacts) -> list[Finding]:
+    """Gradient buckets far below the size that fills the link: stage3.py flushes a bucket once the next gradient
+    would overflow `reduce_bucket_size`, so a small bucket (or one below the gradients' size: one reduce-scatter
+    per gradient) issues many reduce-scatters whose time is NCCL's per-call latency and protocol overhead, not
+    the bytes (nccl-tests: busbw climbs with the message size until the link saturates). Precondition: on the
+    same process group the rank has reduce-scatters of at least LARGE_BYTES (the reference: their best rate at
+    their transfer time) and at least SMALL_PER_STEP per step whose rate at their transfer time (`transfer_us`,
+    waiting for peers left out) is below LATENCY_BOUND of it, some of them exposed, and the configured (or seen)
+    bucket is below the recommended one. Cost: per such reduction, its transfer beyond its bytes at the
+    reference rate (what merging it into a large bucket saves), at most its exposed time; the windows of the
+    reduce-event throttle's syncs are that finding's (facts/hostsyncs.py). Fix: the recommended bucket."""
+    g = view.gpu
+    in_steps = view.gpu_step >= 0 if len(view.model.steps) else np.ones(len(g), dtype=bool)
+    nbytes = message_bytes(view.model).astype(np.float64)
+    rs = np.flatnonzero(view.is_comm & in_steps & (g.coll == RS) & (nbytes > 0))
+    if not len(rs):
+        return []
+    transfer = transfer_us(view)
+    rate = nbytes[rs] / np.maximum(transfer[rs], 1e-3)  # bytes per µs at the transfer time
+    small_rows: list[int] = []
+    reference: dict[int, float] = {}
+    for pg in np.unique(g.pg[rs]).tolist():
+        mine = g.pg[rs] == pg
+        large = mine & (nbytes[rs] >= LARGE_BYTES)
+        if not large.any():
+            continue
+        best = float(rate[large].max())
+        reference[int(pg)] = best
+        small_rows += rs[mine & (rate < LATENCY_BOUND * best)].tolist()
+    per_step = len(small_rows) / view.n_steps
+    if per_step < SMALL_PER_STEP:
+        return []
+    bucket, bucket_src = reduce_bucket_size(view)
+    params, params_src = parameter_count(view)
+    target = recommended_bucket(params)
+    if bucket >= target:
+        return []  # the bucket is not what keeps them small (gradients flushed at the end, parameter groups)
+    throttle = iv.EMPTY
+    sc = view.host_syncs
+    for _, idx in sc.owned_by(REDUCE_THROTTLE):
+        wins = [w for i in idx.tolist() for w in sc.windows[i]]
+        if wins:
+            throttle = iv.combine(throttle, iv.union(np.array([w[0] for w in wins]), np.array([w[1] for w in wins])))
+    starts: list[float] = []
+    ends: list[float] = []
+    exposed_total = 0.0
+    for r in small_rows:
+        s, e = float(g.start[r]), float(g.end[r])
+        exposed = iv.length(iv.subtract(iv.union(np.array([s]), np.array([e])), view.compute))
+        exposed_total += exposed
+        overhead = float(transfer[r]) - float(nbytes[r]) / reference[int(g.pg[r])]
+        a, b = exposed_tail(s, e, view.compute, min(exposed, max(0.0, overhead)))
+        starts += a
+        ends += b
+    covers = iv.subtract(iv.union(np.array(starts), np.array(ends)), throttle) if starts else iv.EMPTY
+    cost = iv.length(covers) / view.n_steps
+    if cost <= 0:
+        return []
+    small = np.array(small_rows, dtype=np.int64)
+    median_bytes = int(np.median(nbytes[small]))
+    median_gbps = round(float(np.median(nbytes[small] / np.maximum(transfer[small], 1e-3))) / 1e3, 3)
+    large_gbps = round(max(reference.values()) / 1e3, 3)
+    evidence = {
+        "reduce_scatters_per_step": round(len(rs) / view.n_steps, 2),
+        "latency_bound_per_step": round(per_step, 2),
+        "median_bytes": median_bytes,
+        "median_rate_gbps": median_gbps,
+        "large_rate_gbps": large_gbps,
+        "exposed_us_per_step": round(exposed_total / view.n_steps, 3),
+        "reduce_bucket_size": bucket,
+        "reduce_bucket_size_from": bucket_src,
+        "parameters": params,
+        "parameters_from": params_src,
+    }
+    why = (
+        f"{per_step:.0f} reduce-scatters per step (median {median_bytes / 1e6:.2g} MB) run at "
+        f"{median_gbps:.3g} GB/s against {large_gbps:.3g} GB/s for this "
+        f"rank's large ones on the same group: their time is NCCL's per-call latency, not the bytes; a "
+        f"{sci(target)}-element reduce_bucket_size (now {sci(bucket)}) merges them into few large calls"
+    )
+    return [
+        finding(
+            SMALL_REDUCTIONS.id,
+            "Gradients are reduced in many small latency-bound reduce-scatters",
+            why,
+            cost,
+            [view.rank_id],
+            sorted({int(x) for x in view.gpu_step[small].tolist() if x >= 0}) or view.step_numbers,
+            evidence,
+            make_fix(view.config, {"zero_optimization.reduce_bucket_size": target}),
+            covers=covers,
+        )
+    ]
+
+
 def reduce_transfer_bound(view: RankFacts) -> list[Finding]:
     """Gradient reductions still queued when backward compute ended: issued in time (each started more than
     STARVED_LAUNCH_US after its launch, behind the reductions before it on its stream) but run back to back, so at
@@ -379,6 +481,9 @@ def reduce_transfer_bound(view: RankFacts) -> list[Finding]:
     if not starts:
         return []
     covers = iv.subtract(iv.union(np.array(starts), np.array(ends)), view.compute)
+    fp32 = fp32_reductions(view)
+    if fp32 is not None:  # the part the training dtype would save is fp32-communication's, not a limit
+        covers = iv.subtract(covers, fp32.saved)
     cost = iv.length(covers) / view.n_steps
     if cost <= 0:
         return []
@@ -412,3 +517,5 @@ REDUCE_TRANSFER_BOUND = Rule(
     "reduce-transfer-bound", reduce_transfer_bound, severity_cap="info", limit=True, blame=exposed_blames
 )
 TINY_COLLECTIVES = Rule("tiny-collectives", tiny_collectives, severity_cap="warning", blame=exposed_blames)
+# latency-bound buckets: what merging them saves; tiny-collectives counts the same exposed reduce-scatters whole
+SMALL_REDUCTIONS = Rule("small-reductions", small_reductions, explains=("tiny-collectives",), blame=exposed_blames)
