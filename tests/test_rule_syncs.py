@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import frame, kernel, launch, runtime, step, write_trace
+from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
@@ -326,3 +326,62 @@ def test_another_rules_sync_between_them_realigns_the_host(tmp_path: Path) -> No
     (f,) = [f for f in report.findings if f.rule == "reduce-event-throttle"]
     assert f.cost_us == 100.0
     assert f.evidence["later_starvation"] == {"windows_per_step": 1.0, "idle_us_per_step": 100.0}
+
+
+# -- (g) a sync on the main thread delays backward on the autograd thread ---------------------------------
+
+ENGINE = "torch/autograd/graph.py(829): _engine_run_backward"
+AUTOGRAD = 101  # torch's autograd engine runs backward on its own thread
+
+
+def item_before_backward(engine: bool = True, busy_during_block: bool = False) -> list[dict[str, Any]]:
+    """One step: forward's gather [5, 50) and GEMM [0, 300) launched by the main thread; `loss.item()` blocks
+    it in a cudaStreamSynchronize [12, 304) until the GEMM ends; then (`engine`) the main thread enters
+    `loss.backward()` at 306 ([306, 1500)) and the autograd thread, idle so far, launches backward's first
+    gather at 320 ([324, 524), as soon as launched) and the GEMM that needs it at 322: compute stalls on the
+    gather [322, 524). `busy_during_block`: the autograd thread runs an op [150, 170) while the main thread blocks."""
+    events = [
+        step(1, 0, 3000),
+        launch(0, 1),
+        kernel(GEMM, 0, 300, corr=1),
+        launch(1, 2),
+        kernel(AG, 5, 45, stream=21, corr=2),
+        frame("train.py(66): log_loss", 10, 296),
+        runtime("cudaStreamSynchronize", 12, 292, 3),
+        frame("torch/autograd/function.py(307): apply", 318, 10, tid=AUTOGRAD),
+        launch(320, 4, tid=AUTOGRAD),
+        kernel(AG, 324, 200, stream=21, corr=4),
+        launch(322, 5, tid=AUTOGRAD),
+        kernel(GEMM, 524, 50, corr=5),
+    ]
+    if engine:
+        events.append(frame(ENGINE, 306, 1194))
+    if busy_during_block:
+        events.append(cpu_op("aten::add", 150, 20, tid=AUTOGRAD))
+    return events
+
+
+def test_sync_delays_the_work_its_thread_hands_to_the_autograd_thread(tmp_path: Path) -> None:
+    # the main thread returns at 304 and starts backward at 306; the autograd thread did nothing during the
+    # block and begins inside that call: its launches come 292 µs late with the sync. Issued 292 µs earlier,
+    # the gather could start at 50 (its stream predecessor's end), 274 µs earlier: the whole stall on it is the
+    # sync's, not a missing prefetch
+    report = diagnose(tmp_path, item_before_backward())
+    found = {f.rule: f for f in report.findings}
+    assert WAITS not in found
+    f = found["host-sync"]
+    stall = iv.length(rank_finding(tmp_path, "host-sync").covers)
+    assert f.cost_us == stall == 202.0  # [322, 524)
+    assert f.evidence["delayed_collectives"] == {"all_gather": {"per_step": 1.0, "stall_us_per_step": 202.0}}
+
+
+@pytest.mark.symptom_without_cause("host-sync")
+@pytest.mark.parametrize("engine, busy", [(False, False), (True, True)])
+def test_another_threads_own_work_is_not_delayed_by_the_sync(tmp_path: Path, engine: bool, busy: bool) -> None:
+    # the same stall, but the autograd thread's work is not the blocked thread's: it starts on its own (no call
+    # of the main thread after the return holds it), or it was busy while the main thread blocked
+    report = diagnose(tmp_path, item_before_backward(engine=engine, busy_during_block=busy))
+    found = {f.rule: f for f in report.findings}
+    assert "host-sync" not in found or found["host-sync"].cost_us == 0.0
+    # the gather's exposure [324, 524) stays with the wait rules (one fetch: too little to call it on-demand)
+    assert WAITS not in found and found["unexplained-exposure"].cost_us == 200.0
