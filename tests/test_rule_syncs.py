@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import frame, kernel, launch, runtime, step, write_trace
+from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
@@ -326,3 +326,152 @@ def test_another_rules_sync_between_them_realigns_the_host(tmp_path: Path) -> No
     (f,) = [f for f in report.findings if f.rule == "reduce-event-throttle"]
     assert f.cost_us == 100.0
     assert f.evidence["later_starvation"] == {"windows_per_step": 1.0, "idle_us_per_step": 100.0}
+
+
+# -- (g) a sync on the main thread delays backward on the autograd thread ---------------------------------
+
+ENGINE = "torch/autograd/graph.py(829): _engine_run_backward"
+AUTOGRAD = 101  # torch's autograd engine runs backward on its own thread
+
+
+def item_before_backward(engine: bool = True, busy_during_block: bool = False) -> list[dict[str, Any]]:
+    """One step: forward's gather [5, 50) and GEMM [0, 300) launched by the main thread; `loss.item()` blocks
+    it in a cudaStreamSynchronize [12, 304) until the GEMM ends; then (`engine`) the main thread enters
+    `loss.backward()` at 306 ([306, 1500)) and the autograd thread, idle so far, launches backward's first
+    gather at 320 ([324, 524), as soon as launched) and the GEMM that needs it at 322: compute stalls on the
+    gather [322, 524). `busy_during_block`: the autograd thread runs an op [150, 170) while the main thread blocks."""
+    events = [
+        step(1, 0, 3000),
+        launch(0, 1),
+        kernel(GEMM, 0, 300, corr=1),
+        launch(1, 2),
+        kernel(AG, 5, 45, stream=21, corr=2),
+        frame("train.py(66): log_loss", 10, 296),
+        runtime("cudaStreamSynchronize", 12, 292, 3),
+        frame("torch/autograd/function.py(307): apply", 318, 10, tid=AUTOGRAD),
+        launch(320, 4, tid=AUTOGRAD),
+        kernel(AG, 324, 200, stream=21, corr=4),
+        launch(322, 5, tid=AUTOGRAD),
+        kernel(GEMM, 524, 50, corr=5),
+    ]
+    if engine:
+        events.append(frame(ENGINE, 306, 1194))
+    if busy_during_block:
+        events.append(cpu_op("aten::add", 150, 20, tid=AUTOGRAD))
+    return events
+
+
+def test_sync_delays_the_work_its_thread_hands_to_the_autograd_thread(tmp_path: Path) -> None:
+    # the main thread returns at 304 and starts backward at 306; the autograd thread did nothing during the
+    # block and begins inside that call: its launches come 292 µs late with the sync. Issued 292 µs earlier,
+    # the gather could start at 50 (its stream predecessor's end), 274 µs earlier: the whole stall on it is the
+    # sync's, not a missing prefetch
+    report = diagnose(tmp_path, item_before_backward())
+    found = {f.rule: f for f in report.findings}
+    assert WAITS not in found
+    f = found["host-sync"]
+    stall = iv.length(rank_finding(tmp_path, "host-sync").covers)
+    assert f.cost_us == stall == 202.0  # [322, 524)
+    assert f.evidence["delayed_collectives"] == {"all_gather": {"per_step": 1.0, "stall_us_per_step": 202.0}}
+
+
+@pytest.mark.symptom_without_cause("host-sync")
+@pytest.mark.parametrize("engine, busy", [(False, False), (True, True)])
+def test_another_threads_own_work_is_not_delayed_by_the_sync(tmp_path: Path, engine: bool, busy: bool) -> None:
+    # the same stall, but the autograd thread's work is not the blocked thread's: it starts on its own (no call
+    # of the main thread after the return holds it), or it was busy while the main thread blocked
+    report = diagnose(tmp_path, item_before_backward(engine=engine, busy_during_block=busy))
+    found = {f.rule: f for f in report.findings}
+    assert "host-sync" not in found or found["host-sync"].cost_us == 0.0
+    # the gather's exposure [324, 524) stays with the wait rules (one fetch: too little to call it on-demand)
+    assert WAITS not in found and found["unexplained-exposure"].cost_us == 200.0
+
+
+# -- (h) a throttle that waits for reductions slowed by a straggler ---------------------------------------
+
+RS_ARGS = {
+    "Collective name": "_reduce_scatter_base",
+    "Process Group Name": "0",
+    "In msg nelems": 16384,
+    "dtype": "BFloat16",
+}
+
+
+def throttled_ranks(slow: int | None, ranks: int = 4, buckets: int = 5) -> list[list[dict[str, Any]]]:
+    """`ranks` ranks, 2 steps of `buckets` gradient buckets each: GEMM A (1000 µs), the bucket's reduce-scatter
+    after it (lockstep: it ends 200 µs after the last rank arrives), GEMM B (160 µs) queued behind A, then the
+    reduce throttle blocks the host on the reduce-scatter until it ends (+2 µs) and the host launches the next
+    bucket (+1 µs; it starts 2 µs later). Rank `slow` computes 1.3x slower (1300 and 208 µs): its GEMM B runs 8 µs
+    past its reduction's end, so its throttle costs it nothing, while the others wait 300 µs and more for it in
+    every reduce-scatter, their compute starving while their throttle blocks. Without a slow rank, every throttle
+    waits for the 200 µs transfer, GEMM B done 40 µs before it ends: a real throttle."""
+    out: list[list[dict[str, Any]]] = [[] for _ in range(ranks)]
+    corr = [0] * ranks
+    for s in range(2):
+        base = 20_000.0 * s
+        host = [base + 10.0] * ranks
+        g = [base + 100.0] * ranks
+        for r in range(ranks):
+            out[r].append(step(s + 1, base, 19_000))
+        for _ in range(buckets):
+            pace = [1.3 if r == slow else 1.0 for r in range(ranks)]
+            rs_end = max(g[r] + 1000 * pace[r] for r in range(ranks)) + 200.0
+            for r in range(ranks):
+                h, c, a_end, b = host[r], corr[r], g[r] + 1000 * pace[r], 160 * pace[r]
+                out[r] += [
+                    launch(h, c + 1),
+                    kernel(GEMM, g[r], 1000 * pace[r], corr=c + 1),
+                    launch(h + 1, c + 2),
+                    kernel(RS, a_end, rs_end - a_end, stream=17, corr=c + 2, **RS_ARGS),
+                    launch(h + 2, c + 3),
+                    kernel(GEMM, a_end, b, corr=c + 3),
+                    frame(THROTTLE, h + 2.5, rs_end + 0.5 - h),
+                    runtime("cudaEventSynchronize", h + 3, rs_end + 2 - h - 3, c + 4),
+                ]
+                corr[r] = c + 4
+                host[r] = rs_end + 3
+                g[r] = max(rs_end + 5, a_end + b)
+    return out
+
+
+def throttled_report(folder: Path, slow: int | None) -> tuple[Report, list[float]]:
+    """The report of `throttled_ranks(slow)` and each rank's own reduce-event-throttle cost (before the merge)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    traces = throttled_ranks(slow)
+    own = []
+    for rank, events in enumerate(traces):
+        path = write_trace(folder, f"rank{rank}.trace.json.gz", events, rank=rank, world_size=len(traces))
+        model = load_trace(str(path))
+        find = BY_ID["reduce-event-throttle"].find
+        assert find is not None
+        own.append(sum(f.cost_us for f in find(RankFacts(model, analyze_model(model)))))
+    return analyze(folder, jobs=1), own
+
+
+def test_a_straggler_explains_the_throttle_waiting_for_it(tmp_path: Path) -> None:
+    # ranks 0-2 starve from GEMM B's end to the next GEMM A (345 µs and more per bucket) while their throttle
+    # blocks, inside the reduce-scatter that waits for rank 3; rank 3's throttle costs nothing. The straggler's
+    # `covers` (the others' exposed waiting for it) are taken off the others' throttle: what is left is what
+    # its exposure model does not attribute to the wait, far below the throttle's own measure
+    report, own = throttled_report(tmp_path, slow=3)
+    found = {f.rule: f for f in report.findings}
+    straggler = found["straggler"]
+    assert straggler.ranks == [3]
+    assert own[3] == 0.0 and min(own[:3]) > 1000.0
+    waited = straggler.evidence["others_wait_us_per_step"]["median"]  # the others' exposed wait, per rank
+    f = found["reduce-event-throttle"]
+    assert f.evidence["explained_by"] == "straggler"
+    assert f.cost_us == pytest.approx(sum(max(0.0, c - waited) for c in own[:3]) / 3, abs=1e-3)
+    assert f.cost_us < own[0] / 2 and f.severity == "info"
+
+
+@pytest.mark.symptom_without_cause("reduce-event-throttle")
+def test_a_throttle_with_healthy_peers_keeps_its_cost(tmp_path: Path) -> None:
+    # no slow rank: every reduce-scatter is its 200 µs transfer; the throttle blocks on it with GEMM B done
+    # 40 µs before it ends: nothing cross-rank explains that, the throttle keeps its own cost on every rank
+    report, own = throttled_report(tmp_path, slow=None)
+    found = {f.rule: f for f in report.findings}
+    assert "straggler" not in found and "bandwidth-bound" not in found
+    f = found["reduce-event-throttle"]
+    assert "explained_by" not in f.evidence
+    assert min(own) > 0.0 and f.cost_us == pytest.approx(sum(own) / len(own), abs=1e-3)

@@ -36,6 +36,11 @@ earlier calls have claimed their parts. A stall explained by several calls of on
 last of them (one call per stall: the rule's total is the same); one another owner's call explained is not
 shared.
 
+"Its thread" includes the work it hands over after the return (`_handoffs`): a thread that did nothing during
+the block and begins inside a later call of the blocked thread (torch's autograd engine running backward on its
+own thread inside the main thread's `loss.backward()`, so a `.item()` before backward delays backward's launches).
+A thread busy during the block, or one whose work no later call of the blocked thread holds, moves nothing.
+
 The host is taken to be busy all along between those launches: in the trace, untraced Python time and idle time
 look alike, and a training thread does not idle in the middle of a step except in a sync. Stalls on a step's
 first all-gather that started as soon as it was launched are starvation windows already (hostsyncs.held_windows)
@@ -56,6 +61,7 @@ from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.hostsyncs import (
     STARVED_LAUNCH_US,
     WAITED_FOR,
+    Sync,
     host_sync_list,
     starvation_windows,
     window_costs,
@@ -133,7 +139,7 @@ def _delays(view: RankFacts) -> Delays:
         issued it after `j` returned and it started as soon as it was issued, and no earlier than its stream
         predecessor ends (earlier too when a call of the same rule moved that one)."""
         issued = float(view.launch[c])
-        if thread_of[c] != syncs[j].thread or issued < syncs[j].end or c in first:
+        if not follows(j, c) or c in first:
             return 0.0
         if float(g.start[c]) - issued > STARVED_LAUNCH_US:
             return 0.0  # held by its stream or a dependency, not by its launch
@@ -144,6 +150,17 @@ def _delays(view: RankFacts) -> Delays:
         shift = max(0.0, min(lead, float(g.start[c]) - ready))
         moved[c] = (owner, shift)
         return shift
+
+    handed = _handoffs(view, syncs, live)
+
+    def follows(j: int, k: int) -> bool:
+        """Whether call `j`'s block delayed GPU activity `k`'s launch: its thread issued it after `j` returned, or
+        a thread `j`'s thread handed work to after the return (`_handoffs`) issued it in that work."""
+        t, issued = int(thread_of[k]), float(view.launch[k])
+        if t == syncs[j].thread:
+            return issued >= syncs[j].end
+        span = handed[j].get(t)
+        return span is not None and span[0] <= issued < span[1]
 
     step_end = _step_ends(view)
     on_s = np.flatnonzero(g.stream == view.compute_stream)
@@ -176,7 +193,7 @@ def _delays(view: RankFacts) -> Delays:
             launched = float(view.launch[k])
             if launched >= stop or lead <= 0:
                 break
-            shifted = lead if thread_of[k] == s.thread and launched >= s.end else 0.0
+            shifted = lead if follows(j, k) else 0.0
             bound = float(g.start[k]) - launched + shifted  # how much earlier its launch lets it start
             idle, kind, idx = 0.0, -1, -1
             if k in stall_of:
@@ -219,6 +236,44 @@ def _delays(view: RankFacts) -> Delays:
                 left[ix] -= pt
                 sync[ix], explained[ix], lo[ix] = j, explained[ix] + pt, float(st.end[ix]) - explained[ix] - pt
     return result()
+
+
+def _handoffs(view: RankFacts, syncs: list[Sync], live: list[int]) -> dict[int, dict[int, tuple[float, float]]]:
+    """Per call of `live`: the other threads its thread handed work to after it returned, each with the span
+    `[lo, hi)` of that work. A thread U takes over when it did nothing in the trace while the call blocked (no op
+    or runtime call of it overlaps the block) and its next op begins inside an op of the call's thread that began
+    after the call returned: the blocked thread started it and waits for it there (torch's autograd engine runs
+    backward on its own thread, inside the main thread's `loss.backward()`). The span runs from U's first op to the
+    end of the outermost such op of the call's thread. A thread busy during the block is not delayed by it."""
+    m = view.model
+    starts = np.concatenate([m.ops.start, m.runtime.start]).astype(np.float64)
+    ends = np.concatenate([m.ops.end, m.runtime.end]).astype(np.float64)
+    threads = np.concatenate([m.ops.thread, m.runtime.thread]).astype(np.int64)
+    per: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for t in np.unique(threads[threads >= 0]).tolist():
+        rows = np.flatnonzero(threads == t)
+        rows = rows[np.argsort(starts[rows], kind="stable")]
+        per[t] = (starts[rows], ends[rows], np.maximum.accumulate(ends[rows]))
+    out: dict[int, dict[int, tuple[float, float]]] = {}
+    for j in live:
+        s = syncs[j]
+        out[j] = {}
+        mine = per.get(s.thread)
+        if mine is None:
+            continue
+        for t, (st, _end, reach) in per.items():
+            if t == s.thread:
+                continue
+            p = int(np.searchsorted(st, s.end, side="left"))
+            if p >= len(st) or (p > 0 and reach[p - 1] > s.start):
+                continue  # nothing after the return, or it was busy during the block
+            first = float(st[p])
+            a = int(np.searchsorted(mine[0], s.end, side="left"))
+            b = int(np.searchsorted(mine[0], first, side="right"))
+            holding = np.flatnonzero(mine[1][a:b] > first)
+            if len(holding):
+                out[j][t] = (first, float(mine[1][a + int(holding[0])]))
+    return out
 
 
 def _step_ends(view: RankFacts) -> Callable[[float], float]:

@@ -131,10 +131,11 @@ def _round(x: float | None) -> float | None:
     return round(x, 3) if x is not None else None
 
 
-# the floor no schedule could hide at the measured bandwidth (docs/rules.md)
+# the floor no schedule could hide at the measured bandwidth (docs/rules.md); the reduce throttle's block on
+# reductions that slow is part of it
 BANDWIDTH_BOUND = Rule(
     "bandwidth-bound",
     cross=bandwidth_bound,
-    explains=("cross-stream-wait", "allgather-transfer-bound", "reduce-transfer-bound"),
+    explains=("cross-stream-wait", "allgather-transfer-bound", "reduce-transfer-bound", "reduce-event-throttle"),
     needs="the collectives' sizes and durations on every rank",
 )

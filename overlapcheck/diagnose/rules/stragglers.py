@@ -285,10 +285,11 @@ def _why(rank: int, telling: dict[str, dict[str, Any]], waited: float, late_on: 
     )
 
 
-# the other ranks' waits inside collectives for the straggler stall their compute: those stalls are its
+# the other ranks' waits inside collectives for the straggler stall their compute: those stalls are its, and
+# so is the reduce throttle's block on their reductions that wait for it
 STRAGGLER = Rule(
     "straggler",
     cross=straggler,
-    explains=("cross-stream-wait", "allgather-transfer-bound", "peer-wait"),
+    explains=("cross-stream-wait", "allgather-transfer-bound", "peer-wait", "reduce-event-throttle"),
     paces=True,
 )
