@@ -76,6 +76,12 @@ PRESETS: dict[str, Preset] = {
         {"max_connections_1": True},
         ("no-stream-concurrency",),
     ),
+    "serialized-gpu-no-env": Preset(
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 set by a launch script that left no record (traces copied off a cluster: "
+        "no environment in the job description): streams execute in launch order, only the trace shows it",
+        {"max_connections_1": True, "env_recorded": False},
+        ("no-stream-concurrency",),
+    ),
     "straggler": Preset(
         "one rank's GPU runs 30% slower: the others wait inside their NCCL kernels",
         {"straggler_rank": -1, "straggler_factor": 1.3, "straggler_scope": "all"},

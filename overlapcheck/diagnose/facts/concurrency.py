@@ -13,11 +13,15 @@ from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts import waitsites
 from overlapcheck.diagnose.facts.sizing import AG, RS
 from overlapcheck.diagnose.facts.stalls import DEPENDENCY_TOLERANCE_US, STALL_MIN_US, Stalls
+from overlapcheck.trace import classify as C
 
 if TYPE_CHECKING:
     from overlapcheck.diagnose.facts.view import RankFacts
 
 CONCURRENT_SHARE = 0.002  # below this share of busy time with two streams active, streams never overlap
+# one hardware queue runs every kernel after all those launched before it; a few exceptions allow for launch
+# times read on different host threads
+LAUNCH_ORDER_SHARE = 0.95
 # what serializes every stream: one hardware queue, or synchronous launches (the values that do it)
 SERIALIZING_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_LAUNCH_BLOCKING": "1"}
 
@@ -58,6 +62,7 @@ class Serialization:
     env: dict[str, str]  # the serializing variables the job's environment sets (when it records one)
     held: np.ndarray  # GPU rows of the unexplained held collectives
     stall_unexplained: np.ndarray  # per stall: in launch order with no wait
+    launch_order: float | None = None  # launch_order_share: kernels that ran after all those launched before
 
     @property
     def unexplained(self) -> int:
@@ -69,11 +74,29 @@ class Serialization:
 
     @property
     def hardware_queue(self) -> bool:
-        """The hardware-queue explanation is founded: the job sets a serializing variable, or most
-        serializations have no explicit wait behind them and they cost compute time."""
+        """The hardware-queue explanation is founded: the job sets a serializing variable, or the kernels ran in
+        launch order (nearly all of them after every kernel launched before them had ended, what one queue does),
+        most serializations have no explicit wait behind them and they cost compute time."""
         if self.env:
             return True
-        return self.unexplained > self.explained and self.unexplained_cost_us > 0
+        in_order = self.launch_order is None or self.launch_order >= LAUNCH_ORDER_SHARE
+        return in_order and self.unexplained > self.explained and self.unexplained_cost_us > 0
+
+
+def launch_order_share(view: RankFacts) -> float | None:
+    """Of the kernels with a kernel launched before them, the share that started only after every kernel
+    launched before them, on any stream, had ended (within DEPENDENCY_TOLERANCE_US): what one hardware queue
+    does to every kernel, and concurrent streams to few. Launch order is the runtime call's time (by
+    correlation); kernels whose call is not in the trace are left out. None when fewer than two are left."""
+    g = view.gpu
+    rows = np.flatnonzero((g.cls == C.COMPUTE) | (g.cls == C.COMM))
+    rows = rows[view.launch_thread[rows] >= 0]
+    if len(rows) < 2:
+        return None
+    rows = rows[np.lexsort((g.start[rows], view.launch[rows]))]
+    before = np.maximum.accumulate(g.end[rows])[:-1]  # latest end among the kernels launched before each one
+    after = g.start[rows[1:]] >= before - DEPENDENCY_TOLERANCE_US
+    return round(float(after.mean()), 4)
 
 
 def serialization(view: RankFacts) -> Serialization:
@@ -113,6 +136,7 @@ def _serialization(view: RankFacts) -> Serialization:
         env=serializing_env(view),
         held=held[~held_explained],
         stall_unexplained=unexplained_stall,
+        launch_order=launch_order_share(view),
     )
 
 
