@@ -18,6 +18,7 @@ from overlapcheck.diagnose.rules import streams, waits
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, Fix, Report
 from overlapcheck.pipeline import analyze
+from overlapcheck.trace import classify as C
 from overlapcheck.trace.reader import load_trace
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
@@ -298,7 +299,7 @@ GATHER_STREAM = 25  # DeepSpeed's __allgather_stream: ProcessGroupNCCL makes the
 FETCH = "deepspeed/runtime/zero/partitioned_param_coordinator.py(321): fetch_sub_module"
 
 
-def serialized_gathers(tmp_path: Path, records: bool = True, one_queue: bool = True) -> Path:
+def serialized_gathers(tmp_path: Path, records: bool = True, one_queue: bool = True, reduce: bool = False) -> Path:
     """A ZeRO-3 forward of 8 modules, the host far ahead (module i at host time 10 i + 10); all-gathers take
     300 µs, GEMMs 400. `one_queue`: as DeepSpeed issues it, fetch_sub_module makes the compute stream wait for
     all-gather i (cudaStreamWaitEvent at +1), then prefetches all-gather i+1 (ProcessGroupNCCL makes the NCCL
@@ -307,7 +308,7 @@ def serialized_gathers(tmp_path: Path, records: bool = True, one_queue: bool = T
     i-1 and GEMM i for all-gather i+1, a gather no wait made it wait for. Else the program orders the streams
     itself: all-gather i is issued with the NCCL stream made to wait for the compute stream (+1.5), the compute
     stream then waits for it (+3), and so each runs after the other. `records`: the waits have their `Stream Wait
-    Event` records."""
+    Event` records. `reduce`: a 500 µs reduce-scatter on stream 23 after the last GEMM."""
     events: list[dict[str, Any]] = [step(1, 0, 9000), frame("train.py(30): train_step", 0, 8900)]
     corr = 1
     gpu = 0.0  # the GPU runs one thing at a time in both: where it is
@@ -336,6 +337,8 @@ def serialized_gathers(tmp_path: Path, records: bool = True, one_queue: bool = T
         events.extend([launch(host + 3, corr), kernel(GEMM, gpu, 400, corr=corr)])
         gpu += 400
         corr += 1
+    if reduce:
+        events.extend([launch(100, corr), kernel(RS, gpu, 500, stream=23, corr=corr, **coll("_reduce_scatter_base"))])
     return write(tmp_path, events)
 
 
@@ -382,3 +385,34 @@ def test_a_stream_that_only_has_work_when_compute_is_done_is_no_hardware_queue(t
     assert view.no_concurrency
     assert not serialization(view).hardware_queue
     assert "no-stream-concurrency" not in rules(diagnose(folder))
+
+
+NO_OVERLAP_COMM = {"zero_optimization": {"stage": 3, "overlap_comm": False}}
+
+
+def test_gathers_held_by_a_recorded_wait_on_the_default_stream_are_overlap_comm_disabled(tmp_path: Path) -> None:
+    # overlap_comm false: each all-gather is issued from the default stream, so ProcessGroupNCCL's recorded wait
+    # makes the NCCL stream wait for the GEMM launched before it; the host issued it long before (launch at
+    # 10 i + 12, start at 700 i), the wait alone made it late, and each next GEMM stalls 300 µs for it
+    folder = serialized_gathers(tmp_path, one_queue=False, reduce=True)
+    view = facts(folder, NO_OVERLAP_COMM)
+    g = view.gpu
+    gathers = np.flatnonzero(view.is_comm & (g.coll == C.COLLECTIVES.index("all_gather")))
+    assert (g.start[gathers] - view.launch[gathers] > 100).sum() == 7  # all but the first: issued early, started late
+    found = rules(diagnose(folder, NO_OVERLAP_COMM))
+    assert "allgather-not-prefetched" not in found and "allgather-transfer-bound" not in found
+    assert "cross-stream-wait" not in found
+    [f] = found["overlap-comm-disabled"]
+    assert f.evidence["all_gathers_held_by_default_stream_wait_per_step"] == 7.0
+    assert f.evidence["default_stream_wait_stall_us_per_step"] == 7 * 300.0  # GEMMs 1..7 (0 waits for the first)
+    assert f.cost_us >= 7 * 300.0
+
+
+@pytest.mark.symptom_without_cause("overlap-comm-disabled")
+def test_on_demand_gathers_with_no_recorded_wait_on_the_default_stream_stay_not_prefetched(tmp_path: Path) -> None:
+    # the same trace with the calls alone: nothing says the NCCL stream waited for the compute stream, and
+    # overlap_comm is on: the gathers issued after the GEMM before each stall are on-demand fetches
+    folder = serialized_gathers(tmp_path, one_queue=False, records=False)
+    found = rules(diagnose(folder))
+    assert "overlap-comm-disabled" not in found
+    assert "allgather-not-prefetched" in found

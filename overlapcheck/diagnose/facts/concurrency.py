@@ -145,16 +145,49 @@ def held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     stream ended (compute, or on the compute stream), at least STALL_MIN_US after both their launch and their
     own stream allowed; and, for each, whether an explicit wait made its stream wait (issued on its launching
     thread, or recorded on its stream, after that activity's launch and before its own)."""
+    rows, explained, _ = _held(view)
+    return rows, explained
+
+
+def default_stream_held(view: RankFacts) -> np.ndarray:
+    """GPU rows of the all-gathers held behind earlier-launched compute by a recorded wait (`Stream Wait Event`)
+    that made their stream wait for the compute stream: issued from the default stream (ProcessGroupNCCL makes
+    the NCCL stream wait for the caller's current stream; with overlap_comm false DeepSpeed's gather stream is
+    the default stream), they start only when the compute launched before them ends, however early the host
+    issued them. Late because of that wait, not for want of a prefetch."""
+    return view.memo("default_stream_held", _default_stream_held)
+
+
+def held_on_default(view: RankFacts) -> np.ndarray:
+    """Per stall of `view.stalls`: it waits for an all-gather of `default_stream_held`, not the step's first
+    (overlap-comm-disabled charges these; no gather rule does)."""
+    st = view.stalls
+    return (st.comm >= 0) & np.isin(st.comm, default_stream_held(view)) & ~np.isin(st.comm, view.step_first_gathers)
+
+
+def _default_stream_held(view: RankFacts) -> np.ndarray:
+    rows, explained, wait_on = _held(view)
+    sel = explained & (wait_on == view.compute_stream) & (view.gpu.coll[rows] == AG) if len(rows) else explained
+    return rows[sel]
+
+
+def _held(view: RankFacts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return view.memo("held_collectives", _held_collectives)
+
+
+def _held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`held_collectives`, and for each the stream the explaining wait's record says it waited for (-1: none,
+    or no record)."""
     g = view.gpu
     comm = np.flatnonzero(view.is_comm & (g.stream != view.compute_stream))
     empty = np.zeros(0, dtype=np.int64)
     if not len(comm):
-        return empty, np.zeros(0, dtype=bool)
+        return empty, np.zeros(0, dtype=bool), empty
     ready = np.maximum(view.launch[comm], previous_end_on_stream(view)[comm])
     comm = comm[g.start[comm] - ready >= STALL_MIN_US]
     blockers = np.flatnonzero(view.is_compute | (g.stream == view.compute_stream))
     if not len(comm) or not len(blockers):
-        return empty, np.zeros(0, dtype=bool)
+        return empty, np.zeros(0, dtype=bool), empty
     blockers = blockers[np.argsort(g.end[blockers], kind="stable")]
     ends = g.end[blockers]
     lo = np.searchsorted(ends, g.start[comm] - DEPENDENCY_TOLERANCE_US, side="left")
@@ -162,7 +195,7 @@ def held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     w = waitsites.waits(view)
     threads = view.launch_thread
     has_records = bool((w.stream >= 0).any())
-    rows, explained = [], []
+    rows, explained, waited_on = [], [], []
     for c, a, b in zip(comm.tolist(), lo.tolist(), hi.tolist(), strict=True):
         if threads[c] < 0 and not has_records:
             continue  # how it was launched is not in the trace: no telling whether something made it wait
@@ -177,7 +210,8 @@ def held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
         # make the collective wait for the compute that held it
         rows.append(c)
         explained.append(hit >= 0 and (w.wait_on[hit] < 0 or bool(np.isin(w.wait_on[hit], g.stream[cand]))))
-    return np.array(rows, dtype=np.int64), np.array(explained, dtype=bool)
+        waited_on.append(int(w.wait_on[hit]) if hit >= 0 else -1)
+    return np.array(rows, dtype=np.int64), np.array(explained, dtype=bool), np.array(waited_on, dtype=np.int64)
 
 
 def serialized_delay(view: RankFacts, st: Stalls) -> np.ndarray:
