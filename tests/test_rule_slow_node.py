@@ -162,3 +162,49 @@ def test_a_slow_network_and_jitter_are_no_slow_node(tmp_path: Path) -> None:
     compute = [[1000.0 + rng.randint(0, 600) for _ in range(RANKS)] for _ in range(6)]
     jitter = lockstep(compute, [[200.0] * RANKS for _ in range(6)])
     assert not found(write(tmp_path / "jitter", jitter), "slow-node")
+
+
+def test_a_node_named_in_the_run_manifest_is_named_by_its_host(tmp_path: Path) -> None:
+    folder = write(tmp_path, slow_node_traces(), hosts=False)
+    ranks = [{"rank": r, "host": f"dgx-{r // PER_NODE:02d}"} for r in range(RANKS)]
+    (tmp_path / "run.json").write_text(json.dumps({"gpus_per_node": PER_NODE, "ranks": ranks}))
+    (f,) = found(folder, "slow-node")
+    assert f.title == "Node dgx-01 (ranks 4-7) is slow (slow on the GPU)" and f.evidence["hosts"] == ["dgx-01"]
+
+
+LATE_US = 3_000.0
+
+
+def test_a_node_whose_hosts_start_each_step_late_is_a_slow_node_on_the_host(tmp_path: Path) -> None:
+    # the same GPU work everywhere; node 1's data loaders take 3000 µs more (+ 0-30 µs, a different rank last
+    # each step) before each step's first launch, an all-gather: node 0's ranks wait in it, exposed
+    from test_rule_straggler import AG, LOADER, SITE
+
+    rng = random.Random(2)
+    traces = [Trace() for _ in range(RANKS)]
+    for s in range(4):
+        base = 20_000.0 * s
+        loaders = [40.0 + (LATE_US + rng.randint(0, 30) if r in SLOW else rng.randint(0, 5)) for r in range(RANKS)]
+        end_of_first = base + 5 + max(loaders) + 10 + 5 + 300  # the last rank's first all-gather ends
+        for r, t in enumerate(traces):
+            t.frame("/work/train.py(30): main", base - 100, 19_000)
+            t.step(s + 1, base, 18_000)
+            t.frame("/work/train.py(52): next_batch", base + 5, loaders[r] + 10)
+            t.frame(LOADER, base + 10, loaders[r])
+            t.frame(f"{SITE}(1328): _next_data", base + 11, loaders[r] - 2)
+            first = base + 5 + loaders[r] + 10 + 5
+            t.gpu(AG, first, first + 5, end_of_first - (first + 5))
+            host, g = first + 10, end_of_first
+            for _ in range(6):
+                t.gpu(GEMM, host, g, 1000)
+                t.gpu(RS, host + 1, g + 1000, 200)
+                host, g = host + 5, g + 1250
+    report = analyze(write(tmp_path, traces), jobs=1)
+    assert not [f for f in report.findings if f.rule == "straggler"]
+    (f,) = [f for f in report.findings if f.rule == "slow-node"]
+    assert f.ranks == list(SLOW) and f.evidence["late_on"] == "host"
+    assert f.title == "Node gpu-host-1 (ranks 4-7) is slow (late on the host)"
+    # its cost: node 0's exposed waiting in the first all-gathers, about 3000 µs per step
+    assert f.cost_us == f.evidence["others_wait_us_per_step"]["median"]
+    assert LATE_US - 50 < f.cost_us < LATE_US + 50
+    assert "input pipeline" in f.why
