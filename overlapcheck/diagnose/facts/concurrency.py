@@ -160,9 +160,27 @@ def default_stream_held(view: RankFacts) -> np.ndarray:
 
 def held_on_default(view: RankFacts) -> np.ndarray:
     """Per stall of `view.stalls`: it waits for an all-gather of `default_stream_held`, not the step's first
-    (overlap-comm-disabled charges these; no gather rule does)."""
+    (overlap-comm-disabled charges what that wait added, `default_stream_claims`; no gather rule does)."""
     st = view.stalls
     return (st.comm >= 0) & np.isin(st.comm, default_stream_held(view)) & ~np.isin(st.comm, view.step_first_gathers)
+
+
+def default_stream_claims(view: RankFacts) -> np.ndarray:
+    """Per stall of `view.stalls`: the part of its cost the default-stream wait added (`held_on_default`), at
+    most how much later the gather started than its launch and its own stream allowed (the rest of its
+    lateness, queued behind the gathers before it on its stream, is not that wait's)."""
+    return view.memo("default_stream_claims", _default_stream_claims)
+
+
+def _default_stream_claims(view: RankFacts) -> np.ndarray:
+    st = view.stalls
+    out = np.zeros(len(st.kernel))
+    sel = held_on_default(view)
+    if sel.any():
+        c = st.comm[sel]
+        ready = np.maximum(view.launch[c], previous_end_on_stream(view)[c])
+        out[sel] = np.minimum(st.cost[sel], np.maximum(0.0, view.gpu.start[c] - ready))
+    return out
 
 
 def _default_stream_held(view: RankFacts) -> np.ndarray:

@@ -8,12 +8,10 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.diagnose.facts.concurrency import held_on_default
+from overlapcheck.diagnose.facts.concurrency import default_stream_claims
 from overlapcheck.diagnose.facts.coverage import gradient_tails, transfer_us
-from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, RS, parameter_count, reduce_bucket_size
-from overlapcheck.diagnose.facts.stalls import rest
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
 from overlapcheck.diagnose.locators import exposed_blames
@@ -296,12 +294,12 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
         steps.append(int(step))
     held_exposed = held_first_gathers_exposed(view)
     costs.append(held_exposed * view.n_steps)
-    # compute stalls on later all-gathers that a recorded wait held behind the default stream's compute: issued
-    # in time, late only because their stream waited for the compute stream (on its own stream, no wait)
+    # compute stalls on later all-gathers that a recorded wait held behind the default stream's compute: the part
+    # of their lateness that wait added (on their own stream they would not wait for compute)
     st = view.stalls
-    on_default = held_on_default(view) & view.in_steps(view.launch[st.kernel])
-    stall_costs = np.maximum(rest(view, st, view.claimed_by_communicator) - host_delayed(view).explained, 0.0)
-    default_us = float(stall_costs[on_default].sum())
+    claims = np.where(view.in_steps(view.launch[st.kernel]), default_stream_claims(view), 0.0)
+    on_default = claims > 0
+    default_us = float(claims.sum())
     costs.append(default_us)
     evidence = {
         "first_all_gathers_held_behind_compute_us_per_step": round(held_exposed, 3),
@@ -324,7 +322,7 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
             make_fix(view.config, {"zero_optimization.overlap_comm": True}),
             covers=iv.combine(
                 iv.combine(covers, _held_first_gathers(view)),
-                iv.union(st.start[on_default & (stall_costs > 0)], st.end[on_default & (stall_costs > 0)]),
+                iv.union(st.end[on_default] - claims[on_default], st.end[on_default]),
             ),
         )
     ]

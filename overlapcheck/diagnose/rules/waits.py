@@ -9,7 +9,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.callsite import functions, is_user
-from overlapcheck.diagnose.facts.concurrency import hardware_serialized, held_on_default
+from overlapcheck.diagnose.facts.concurrency import default_stream_claims, hardware_serialized
 from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, DEFAULT_PREFETCH_BUCKET
@@ -115,9 +115,10 @@ def on_demand_remainder(view: RankFacts) -> np.ndarray:
 
 def _not_prefetched_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     st = view.stalls
-    costs = rest(view, st, view.claimed_by_communicator) - host_delayed(view).explained
-    # a gather a recorded wait held behind the default stream's compute was issued in time: that wait is the cause
-    mask = not_prefetched(view, st) & (costs > 0) & ~held_on_default(view)
+    # what a recorded wait on the default stream added to a gather's lateness is that wait's (overlap-comm-disabled)
+    claimed = view.claimed_by_communicator + default_stream_claims(view)
+    costs = rest(view, st, claimed) - host_delayed(view).explained
+    mask = not_prefetched(view, st) & (costs > 0)
     mask &= mask.sum() / view.n_steps >= MIN_ON_DEMAND_PER_STEP
     return mask, np.maximum(costs, 0.0)
 
@@ -127,10 +128,9 @@ def wait_costs(view: RankFacts) -> np.ndarray:
     queueing, not an on-demand gather (a pattern, or the first fetch of a pass: inherent), not the step's first
     gather (waited for in any case), not what a host sync's block explains (facts/delays.py)."""
     st = view.stalls
-    left = rest(view, st, view.claimed_by_communicator)
+    left = rest(view, st, view.claimed_by_communicator + default_stream_claims(view))
     left[on_demand(view, st)] = 0.0
     left[np.isin(st.comm, view.first_gathers)] = 0.0
-    left[held_on_default(view)] = 0.0
     return np.maximum(left - host_delayed(view).explained, 0.0)
 
 
@@ -170,7 +170,7 @@ def queued_gathers(view: RankFacts) -> np.ndarray:
     c = np.maximum(st.comm, 0)
     issued_early = g.start[c] - view.launch[c] > STARVED_LAUNCH_US
     first = np.isin(st.comm, view.step_first_gathers)
-    return (st.comm >= 0) & (g.coll[c] == AG) & issued_early & ~first & ~held_on_default(view)
+    return (st.comm >= 0) & (g.coll[c] == AG) & issued_early & ~first
 
 
 def allgather_transfer_bound(view: RankFacts) -> list[Finding]:
