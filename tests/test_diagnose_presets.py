@@ -58,7 +58,7 @@ def test_top_finding_is_the_planted_cause(preset: str, size: str, sets: str) -> 
     assert first.rule == top["rule"], f"{preset} {size}: top {describe(report.findings)}, planted {top['rule']}"
     if top["cost_us"] >= WARNING_SHARE * truth["step_time_us"]:
         assert first.severity in ("critical", "warning")
-    if top["rule"] == "straggler":
+    if top["rule"] in ("straggler", "slow-node"):
         assert first.ranks == top["ranks"]
         if "late_on" in top:
             assert first.evidence.get("late_on") == top["late_on"]

@@ -18,6 +18,7 @@ from overlapcheck.diagnose.rules import streams, waits
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, Fix, Report
 from overlapcheck.pipeline import analyze
+from overlapcheck.trace import classify as C
 from overlapcheck.trace.reader import load_trace
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
@@ -292,3 +293,126 @@ def test_wait_sites_follow_the_latest_wait_of_the_launching_thread(tmp_path: Pat
     assert f.evidence["wait_calls_per_step"] == 1.0
     view = facts(folder)
     assert np.array_equal(view.stalls.end, [510.0])
+
+
+GATHER_STREAM = 25  # DeepSpeed's __allgather_stream: ProcessGroupNCCL makes the NCCL stream wait for it
+FETCH = "deepspeed/runtime/zero/partitioned_param_coordinator.py(321): fetch_sub_module"
+
+
+def serialized_gathers(tmp_path: Path, records: bool = True, one_queue: bool = True, reduce: bool = False) -> Path:
+    """A ZeRO-3 forward of 8 modules, the host far ahead (module i at host time 10 i + 10); all-gathers take
+    300 µs, GEMMs 400. `one_queue`: as DeepSpeed issues it, fetch_sub_module makes the compute stream wait for
+    all-gather i (cudaStreamWaitEvent at +1), then prefetches all-gather i+1 (ProcessGroupNCCL makes the NCCL
+    stream wait for the gather stream at +1.5, launch at +2), then the module's GEMM is launched (+3); the GPU
+    runs everything in launch order (CUDA_DEVICE_MAX_CONNECTIONS=1, in no config): all-gather i+1 waits for GEMM
+    i-1 and GEMM i for all-gather i+1, a gather no wait made it wait for. Else the program orders the streams
+    itself: all-gather i is issued with the NCCL stream made to wait for the compute stream (+1.5), the compute
+    stream then waits for it (+3), and so each runs after the other. `records`: the waits have their `Stream Wait
+    Event` records. `reduce`: a 500 µs reduce-scatter on stream 23 after the last GEMM."""
+    events: list[dict[str, Any]] = [step(1, 0, 9000), frame("train.py(30): train_step", 0, 8900)]
+    corr = 1
+    gpu = 0.0  # the GPU runs one thing at a time in both: where it is
+
+    def gather(host: float, wait_on: int) -> None:
+        nonlocal corr, gpu
+        events.extend(wait_event(host - 0.5, corr, COMM, wait_on, record=records))
+        events.extend([launch(host, corr + 1), kernel(AG, gpu, 300, stream=COMM, corr=corr + 1, **coll("all_gather"))])
+        gpu += 300
+        corr += 2
+
+    if one_queue:
+        gather(2.0, GATHER_STREAM)
+    for i in range(8):
+        host = 10.0 * i + 10
+        events.append(frame(FETCH, host, 3.5))
+        if one_queue:
+            events.extend(wait_event(host + 1, corr, COMPUTE, COMM, record=records))
+            corr += 1
+            if i < 7:
+                gather(host + 2, GATHER_STREAM)
+        else:
+            gather(host + 2, COMPUTE)
+            events.extend(wait_event(host + 2.5, corr, COMPUTE, COMM, record=records))
+            corr += 1
+        events.extend([launch(host + 3, corr), kernel(GEMM, gpu, 400, corr=corr)])
+        gpu += 400
+        corr += 1
+    if reduce:
+        events.extend([launch(100, corr), kernel(RS, gpu, 500, stream=23, corr=corr, **coll("_reduce_scatter_base"))])
+    return write(tmp_path, events)
+
+
+@pytest.mark.parametrize("records", [True, False], ids=["records", "calls-only"])
+def test_one_hardware_queue_is_found_from_launch_order_despite_deepspeeds_waits(tmp_path: Path, records: bool) -> None:
+    folder = serialized_gathers(tmp_path, records=records)
+    view = facts(folder)
+    assert view.no_concurrency
+    ser = serialization(view)
+    # GEMMs 1..6 stall behind the gather prefetched after their fetch wait: the wait (for the previous gather)
+    # was issued before that gather was launched, so it cannot be what held them (GEMM 7 has no gather after it)
+    assert (ser.explained_stalls, ser.unexplained_stalls) == (0, 6)
+    assert ser.hardware_queue
+    found = rules(diagnose(folder))
+    assert not found.keys() & {"allgather-not-prefetched", "cross-stream-wait", "allgather-transfer-bound"}
+    [f] = found["no-stream-concurrency"]
+    assert f.fix == Fix(env={"CUDA_DEVICE_MAX_CONNECTIONS": None}) and f.evidence["env"] is None
+    assert f.cost_us == 6 * 300.0
+
+
+@pytest.mark.symptom_without_cause("no-stream-concurrency")
+def test_streams_ordered_by_recorded_waits_are_no_hardware_queue(tmp_path: Path) -> None:
+    folder = serialized_gathers(tmp_path, one_queue=False)
+    view = facts(folder)
+    assert view.no_concurrency  # the symptom: no two streams ever run at once
+    ser = serialization(view)
+    assert (ser.explained_stalls, ser.unexplained_stalls) == (7, 0)  # each GEMM waited for its own gather
+    assert ser.explained_held == 7 and ser.unexplained_held == 0  # each gather for the GEMM before it
+    assert not ser.hardware_queue and streams.no_stream_concurrency(view) == []
+    assert "no-stream-concurrency" not in rules(diagnose(folder))
+
+
+@pytest.mark.symptom_without_cause("no-stream-concurrency")
+def test_a_stream_that_only_has_work_when_compute_is_done_is_no_hardware_queue(tmp_path: Path) -> None:
+    # compute runs back to back; one all-reduce per step, launched after the last GEMM ended, starts at once
+    events: list[dict[str, Any]] = [step(1, 0, 4000), frame("train.py(30): train_step", 0, 3900)]
+    corr = 1
+    for i in range(8):
+        events += [launch(10.0 * i, corr), kernel(GEMM, 20 + 400.0 * i, 400, corr=corr)]
+        corr += 1
+    events += [launch(3230, corr), kernel(AR, 3235, 500, stream=COMM, corr=corr, **coll("allreduce"))]
+    folder = write(tmp_path, events)
+    view = facts(folder)
+    assert view.no_concurrency
+    assert not serialization(view).hardware_queue
+    assert "no-stream-concurrency" not in rules(diagnose(folder))
+
+
+NO_OVERLAP_COMM = {"zero_optimization": {"stage": 3, "overlap_comm": False}}
+
+
+def test_gathers_held_by_a_recorded_wait_on_the_default_stream_are_overlap_comm_disabled(tmp_path: Path) -> None:
+    # overlap_comm false: each all-gather is issued from the default stream, so ProcessGroupNCCL's recorded wait
+    # makes the NCCL stream wait for the GEMM launched before it; the host issued it long before (launch at
+    # 10 i + 12, start at 700 i), the wait alone made it late, and each next GEMM stalls 300 µs for it
+    folder = serialized_gathers(tmp_path, one_queue=False, reduce=True)
+    view = facts(folder, NO_OVERLAP_COMM)
+    g = view.gpu
+    gathers = np.flatnonzero(view.is_comm & (g.coll == C.COLLECTIVES.index("all_gather")))
+    assert (g.start[gathers] - view.launch[gathers] > 100).sum() == 7  # all but the first: issued early, started late
+    found = rules(diagnose(folder, NO_OVERLAP_COMM))
+    assert "allgather-not-prefetched" not in found and "allgather-transfer-bound" not in found
+    assert "cross-stream-wait" not in found
+    [f] = found["overlap-comm-disabled"]
+    assert f.evidence["all_gathers_held_by_default_stream_wait_per_step"] == 7.0
+    assert f.evidence["default_stream_wait_stall_us_per_step"] == 7 * 300.0  # GEMMs 1..7 (0 waits for the first)
+    assert f.cost_us >= 7 * 300.0
+
+
+@pytest.mark.symptom_without_cause("overlap-comm-disabled")
+def test_on_demand_gathers_with_no_recorded_wait_on_the_default_stream_stay_not_prefetched(tmp_path: Path) -> None:
+    # the same trace with the calls alone: nothing says the NCCL stream waited for the compute stream, and
+    # overlap_comm is on: the gathers issued after the GEMM before each stall are on-demand fetches
+    folder = serialized_gathers(tmp_path, one_queue=False, records=False)
+    found = rules(diagnose(folder))
+    assert "overlap-comm-disabled" not in found
+    assert "allgather-not-prefetched" in found

@@ -32,6 +32,7 @@ RULES: tuple[Rule, ...] = (
     buckets.REDUCE_TRANSFER_BOUND,
     waits.CROSS_STREAM_WAIT,
     stragglers.STRAGGLER,
+    stragglers.SLOW_NODE,
     bandwidth.BANDWIDTH_BOUND,
     exposure.PEER_WAIT,
     exposure.UNEXPLAINED,

@@ -112,7 +112,7 @@ def _job(cfg: SimConfig) -> dict[str, Any]:
         "torch": cfg.torch_version,
         "deepspeed": cfg.deepspeed_version,
         "nccl": cfg.nccl_version,
-        "env": cfg.env(),
+        **({"env": cfg.env()} if cfg.env_recorded else {}),
     }
 
 

@@ -56,6 +56,8 @@ class ModelSpec:
 
 LATE_FIELDS = (
     "straggler_scope",
+    "slow_node",
+    "env_recorded",
     "host_delay_rank",
     "host_delay_us",
     "user_wait_stream",
@@ -110,6 +112,8 @@ class SimConfig:
     free_collectives: tuple[str, ...] = ()  # counterfactual: these collectives take no time
     # fields added after the first sample sets; truth.json lists them only when they differ from the default
     straggler_scope: str = "all"  # "math": only GEMM and attention kernels slow down (SM clocks), HBM-bound not
+    slow_node: int | None = None  # every GPU of this node runs straggler_factor slower (a throttled node)
+    env_recorded: bool = True  # the job description carries env() (False: traces copied off a cluster alone)
     host_delay_rank: int | None = None  # this rank's host spends host_delay_us in the data loader every step
     host_delay_us: float = 0.0
     user_wait_stream: bool = False  # a user grad hook: current_stream().wait_stream(reduce stream) per gradient

@@ -68,7 +68,8 @@ class RankStep:
         self.ag_pg, self.rs_pg, self.world = process_groups(cfg)
         self.ag_stream = AG_STREAM if cfg.overlap_comm else COMPUTE
         self.reduce_stream = REDUCE_STREAM if cfg.overlap_comm else COMPUTE
-        self.slow = cfg.straggler_factor if cfg.straggler_rank == host.rank else 1.0
+        on_slow_node = cfg.slow_node is not None and host.rank // cfg.gpus_per_node == cfg.slow_node
+        self.slow = cfg.straggler_factor if cfg.straggler_rank == host.rank or on_slow_node else 1.0
         self.seq: dict[str, int] = {}
         self.modules = [[("embed.weight", self.m.embed_params)]] + [
             [(f"layers.{i}.{n}", k) for n, k in self.m.block_tensors()] for i in range(self.m.layers)

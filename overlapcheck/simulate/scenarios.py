@@ -84,6 +84,12 @@ PRESETS: dict[str, Preset] = {
         {"max_connections_1": True},
         ("no-stream-concurrency",),
     ),
+    "serialized-gpu-no-env": Preset(
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 set by a launch script that left no record (traces copied off a cluster: "
+        "no environment in the job description): streams execute in launch order, only the trace shows it",
+        {"max_connections_1": True, "env_recorded": False},
+        ("no-stream-concurrency",),
+    ),
     "straggler": Preset(
         "one rank's GPU runs 30% slower: the others wait inside their NCCL kernels",
         {"straggler_rank": -1, "straggler_factor": 1.3, "straggler_scope": "all"},
@@ -140,6 +146,12 @@ PRESETS: dict[str, Preset] = {
         {"user_wait_stream": True},
         ("cross-stream-wait",),
         {"cross-stream-wait": "user-wait-stream"},
+    ),
+    "slow-node": Preset(
+        "every GPU of one node runs 35% slower (a throttled node): the last to arrive rotates among its ranks, "
+        "the other nodes' ranks wait for them inside their NCCL kernels",
+        {"slow_node": -1, "straggler_factor": 1.35, "straggler_scope": "all"},
+        ("slow-node",),
     ),
     "harmless-config": Preset(
         "stage3_prefetch_bucket_size 1e6 (50x below the default) with the host far ahead: every fetch still "
@@ -210,6 +222,13 @@ def _hpz_fix(cfg: SimConfig) -> dict[str, Any]:
     return {"config": {"zero_optimization.zero_hpz_partition_size": cfg.gpus_per_node}}
 
 
+def _node_ranks(cfg: SimConfig, node: int | None) -> list[int]:
+    """The ranks of `node` (none without one)."""
+    if node is None:
+        return []
+    return list(range(node * cfg.gpus_per_node, (node + 1) * cfg.gpus_per_node))
+
+
 def _bandwidth_fix(cfg: SimConfig) -> dict[str, Any]:
     """Fewer bytes (ZeRO++ quantized weights and gradients, hpZ gathers inside the node when the job has several
     nodes of several GPUs), more compute per byte (twice the micro-batch), bf16 communication instead of fp32.
@@ -274,6 +293,12 @@ CAUSES: dict[str, Cause] = {
         lambda cfg: [cfg.host_delay_rank] if cfg.host_delay_rank is not None else [],
         rule="straggler",
         extra=lambda cfg: {"late_on": "host", "frames": list(DATALOADER_FRAMES)},
+    ),
+    "slow-node": Cause(
+        lambda cfg: {"slow_node": None, "straggler_factor": 1.0},
+        lambda cfg: {},
+        lambda cfg: _node_ranks(cfg, cfg.slow_node),
+        extra=lambda cfg: {"late_on": "gpu"},
     ),
     "user-wait-stream": Cause(
         lambda cfg: {"user_wait_stream": False},
@@ -362,6 +387,8 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
         chosen = getattr(cfg, key)
         if chosen is not None and chosen < 0:
             cfg = cfg.with_overrides({key: (cfg.seed - chosen - 1) % cfg.world_size if cfg.world_size > 1 else 0})
+    if cfg.slow_node is not None and cfg.slow_node < 0:  # -k: the node seed + k - 1 (mod nodes)
+        cfg = cfg.with_overrides({"slow_node": (cfg.seed - cfg.slow_node - 1) % cfg.nodes})
     if skew:
         offsets = tuple(
             0.0 if n == 0 else round(skew * (jitter(cfg.seed, "clock", n, spread=1.0) - 1.0), 3)

@@ -13,11 +13,15 @@ from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts import waitsites
 from overlapcheck.diagnose.facts.sizing import AG, RS
 from overlapcheck.diagnose.facts.stalls import DEPENDENCY_TOLERANCE_US, STALL_MIN_US, Stalls
+from overlapcheck.trace import classify as C
 
 if TYPE_CHECKING:
     from overlapcheck.diagnose.facts.view import RankFacts
 
 CONCURRENT_SHARE = 0.002  # below this share of busy time with two streams active, streams never overlap
+# one hardware queue runs every kernel after all those launched before it; a few exceptions allow for launch
+# times read on different host threads
+LAUNCH_ORDER_SHARE = 0.95
 # what serializes every stream: one hardware queue, or synchronous launches (the values that do it)
 SERIALIZING_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_LAUNCH_BLOCKING": "1"}
 
@@ -58,6 +62,7 @@ class Serialization:
     env: dict[str, str]  # the serializing variables the job's environment sets (when it records one)
     held: np.ndarray  # GPU rows of the unexplained held collectives
     stall_unexplained: np.ndarray  # per stall: in launch order with no wait
+    launch_order: float | None = None  # launch_order_share: kernels that ran after all those launched before
 
     @property
     def unexplained(self) -> int:
@@ -69,11 +74,29 @@ class Serialization:
 
     @property
     def hardware_queue(self) -> bool:
-        """The hardware-queue explanation is founded: the job sets a serializing variable, or most
-        serializations have no explicit wait behind them and they cost compute time."""
+        """The hardware-queue explanation is founded: the job sets a serializing variable, or the kernels ran in
+        launch order (nearly all of them after every kernel launched before them had ended, what one queue does),
+        most serializations have no explicit wait behind them and they cost compute time."""
         if self.env:
             return True
-        return self.unexplained > self.explained and self.unexplained_cost_us > 0
+        in_order = self.launch_order is None or self.launch_order >= LAUNCH_ORDER_SHARE
+        return in_order and self.unexplained > self.explained and self.unexplained_cost_us > 0
+
+
+def launch_order_share(view: RankFacts) -> float | None:
+    """Of the kernels with a kernel launched before them, the share that started only after every kernel
+    launched before them, on any stream, had ended (within DEPENDENCY_TOLERANCE_US): what one hardware queue
+    does to every kernel, and concurrent streams to few. Launch order is the runtime call's time (by
+    correlation); kernels whose call is not in the trace are left out. None when fewer than two are left."""
+    g = view.gpu
+    rows = np.flatnonzero((g.cls == C.COMPUTE) | (g.cls == C.COMM))
+    rows = rows[view.launch_thread[rows] >= 0]
+    if len(rows) < 2:
+        return None
+    rows = rows[np.lexsort((g.start[rows], view.launch[rows]))]
+    before = np.maximum.accumulate(g.end[rows])[:-1]  # latest end among the kernels launched before each one
+    after = g.start[rows[1:]] >= before - DEPENDENCY_TOLERANCE_US
+    return round(float(after.mean()), 4)
 
 
 def serialization(view: RankFacts) -> Serialization:
@@ -113,6 +136,7 @@ def _serialization(view: RankFacts) -> Serialization:
         env=serializing_env(view),
         held=held[~held_explained],
         stall_unexplained=unexplained_stall,
+        launch_order=launch_order_share(view),
     )
 
 
@@ -121,16 +145,67 @@ def held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     stream ended (compute, or on the compute stream), at least STALL_MIN_US after both their launch and their
     own stream allowed; and, for each, whether an explicit wait made its stream wait (issued on its launching
     thread, or recorded on its stream, after that activity's launch and before its own)."""
+    rows, explained, _ = _held(view)
+    return rows, explained
+
+
+def default_stream_held(view: RankFacts) -> np.ndarray:
+    """GPU rows of the all-gathers held behind earlier-launched compute by a recorded wait (`Stream Wait Event`)
+    that made their stream wait for the compute stream: issued from the default stream (ProcessGroupNCCL makes
+    the NCCL stream wait for the caller's current stream; with overlap_comm false DeepSpeed's gather stream is
+    the default stream), they start only when the compute launched before them ends, however early the host
+    issued them. Late because of that wait, not for want of a prefetch."""
+    return view.memo("default_stream_held", _default_stream_held)
+
+
+def held_on_default(view: RankFacts) -> np.ndarray:
+    """Per stall of `view.stalls`: it waits for an all-gather of `default_stream_held`, not the step's first
+    (overlap-comm-disabled charges what that wait added, `default_stream_claims`; no gather rule does)."""
+    st = view.stalls
+    return (st.comm >= 0) & np.isin(st.comm, default_stream_held(view)) & ~np.isin(st.comm, view.step_first_gathers)
+
+
+def default_stream_claims(view: RankFacts) -> np.ndarray:
+    """Per stall of `view.stalls`: the part of its cost the default-stream wait added (`held_on_default`), at
+    most how much later the gather started than its launch and its own stream allowed (the rest of its
+    lateness, queued behind the gathers before it on its stream, is not that wait's)."""
+    return view.memo("default_stream_claims", _default_stream_claims)
+
+
+def _default_stream_claims(view: RankFacts) -> np.ndarray:
+    st = view.stalls
+    out = np.zeros(len(st.kernel))
+    sel = held_on_default(view)
+    if sel.any():
+        c = st.comm[sel]
+        ready = np.maximum(view.launch[c], previous_end_on_stream(view)[c])
+        out[sel] = np.minimum(st.cost[sel], np.maximum(0.0, view.gpu.start[c] - ready))
+    return out
+
+
+def _default_stream_held(view: RankFacts) -> np.ndarray:
+    rows, explained, wait_on = _held(view)
+    sel = explained & (wait_on == view.compute_stream) & (view.gpu.coll[rows] == AG) if len(rows) else explained
+    return rows[sel]
+
+
+def _held(view: RankFacts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return view.memo("held_collectives", _held_collectives)
+
+
+def _held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`held_collectives`, and for each the stream the explaining wait's record says it waited for (-1: none,
+    or no record)."""
     g = view.gpu
     comm = np.flatnonzero(view.is_comm & (g.stream != view.compute_stream))
     empty = np.zeros(0, dtype=np.int64)
     if not len(comm):
-        return empty, np.zeros(0, dtype=bool)
+        return empty, np.zeros(0, dtype=bool), empty
     ready = np.maximum(view.launch[comm], previous_end_on_stream(view)[comm])
     comm = comm[g.start[comm] - ready >= STALL_MIN_US]
     blockers = np.flatnonzero(view.is_compute | (g.stream == view.compute_stream))
     if not len(comm) or not len(blockers):
-        return empty, np.zeros(0, dtype=bool)
+        return empty, np.zeros(0, dtype=bool), empty
     blockers = blockers[np.argsort(g.end[blockers], kind="stable")]
     ends = g.end[blockers]
     lo = np.searchsorted(ends, g.start[comm] - DEPENDENCY_TOLERANCE_US, side="left")
@@ -138,7 +213,7 @@ def held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     w = waitsites.waits(view)
     threads = view.launch_thread
     has_records = bool((w.stream >= 0).any())
-    rows, explained = [], []
+    rows, explained, waited_on = [], [], []
     for c, a, b in zip(comm.tolist(), lo.tolist(), hi.tolist(), strict=True):
         if threads[c] < 0 and not has_records:
             continue  # how it was launched is not in the trace: no telling whether something made it wait
@@ -153,7 +228,8 @@ def held_collectives(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
         # make the collective wait for the compute that held it
         rows.append(c)
         explained.append(hit >= 0 and (w.wait_on[hit] < 0 or bool(np.isin(w.wait_on[hit], g.stream[cand]))))
-    return np.array(rows, dtype=np.int64), np.array(explained, dtype=bool)
+        waited_on.append(int(w.wait_on[hit]) if hit >= 0 else -1)
+    return np.array(rows, dtype=np.int64), np.array(explained, dtype=bool), np.array(waited_on, dtype=np.int64)
 
 
 def serialized_delay(view: RankFacts, st: Stalls) -> np.ndarray:

@@ -11,6 +11,9 @@ wait is the one of the next activity its thread launches.
 A stall (facts/stalls.py) is explained by a wait when one that makes the compute stream wait (or of unknown
 stream, on the thread that launched the stalled activity) was issued after the launch of the activity before it
 on the compute stream and before its own launch: the stream had nothing else to run and was told to wait. The
+wait must also come after the launch of the activity whose end released the stall: an event covers only the work
+launched on its stream before it was recorded, so a wait issued earlier (e.g. for the previous all-gather, while
+the one that held the stall was launched after it) cannot have held it. The
 latest such wait is the one blamed, preferring one on the stream of the awaited activity; its call site is the
 python stack (or the enclosing ops) of that call (facts/callsite.py).
 """
@@ -159,6 +162,10 @@ def _stall_waits(view: RankFacts) -> StallWaits:
     launch = view.launch[st.kernel] if n else np.zeros(0)
     for i in range(n):
         lo = min(float(st.prev_launch[i]), float(launch[i]))
+        if awaited[i] >= 0:
+            # a wait covers only work launched before it (the event it waits for is recorded after that work):
+            # one issued before the awaited activity was launched cannot be what held the stall
+            lo = max(lo, float(view.launch[awaited[i]]))
         on = int(g.stream[awaited[i]]) if awaited[i] >= 0 else -1
         wait[i] = latest_wait(w, int(threads[i]), view.compute_stream, lo, float(launch[i]), on)
     in_order = np.zeros(n, dtype=bool)

@@ -9,6 +9,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.bandwidth import message_bytes
+from overlapcheck.diagnose.facts.concurrency import default_stream_claims
 from overlapcheck.diagnose.facts.coverage import gradient_tails, transfer_us
 from overlapcheck.diagnose.facts.dtypes import exposed_tail, fp32_reductions
 from overlapcheck.diagnose.facts.hostsyncs import REDUCE_THROTTLE, STARVED_LAUNCH_US
@@ -295,8 +296,17 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
         steps.append(int(step))
     held_exposed = held_first_gathers_exposed(view)
     costs.append(held_exposed * view.n_steps)
+    # compute stalls on later all-gathers that a recorded wait held behind the default stream's compute: the part
+    # of their lateness that wait added (on their own stream they would not wait for compute)
+    st = view.stalls
+    claims = np.where(view.in_steps(view.launch[st.kernel]), default_stream_claims(view), 0.0)
+    on_default = claims > 0
+    default_us = float(claims.sum())
+    costs.append(default_us)
     evidence = {
         "first_all_gathers_held_behind_compute_us_per_step": round(held_exposed, 3),
+        "all_gathers_held_by_default_stream_wait_per_step": round(float(on_default.sum()) / view.n_steps, 2),
+        "default_stream_wait_stall_us_per_step": round(default_us / view.n_steps, 3),
         "reduce_scatters_on_compute_stream": int(on_compute.sum()),
         "compute_stream": view.compute_stream,
         "overlap_comm_in_config": config_value(view.config, "zero_optimization.overlap_comm"),
@@ -312,7 +322,10 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
             steps,
             evidence,
             make_fix(view.config, {"zero_optimization.overlap_comm": True}),
-            covers=iv.combine(covers, _held_first_gathers(view)),
+            covers=iv.combine(
+                iv.combine(covers, _held_first_gathers(view)),
+                iv.union(st.end[on_default] - claims[on_default], st.end[on_default]),
+            ),
         )
     ]
 

@@ -66,6 +66,8 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     metrics = [r.metrics for r in results]
     step_times = [r.step_time_us / max(1, len(r.steps)) for r in metrics if r.step_time_us]
     floor = MIN_STEP_SHARE * statistics.median(step_times) if step_times else 0.0
+    if _late_group(kinds, steps) is not None:
+        return []  # several ranks arrive late together: a group (slow-node, when their traces show why), not one
     score: Counter[int] = Counter()  # column -> the others' exposed waiting for it in the kinds that tell it
     for k in kinds.values():
         col = int(np.argmin(_waits(k, steps)))
@@ -285,11 +287,222 @@ def _why(rank: int, telling: dict[str, dict[str, Any]], waited: float, late_on: 
     )
 
 
+SPLIT_RATIO = 2.0  # two clusters are clear when the gap between them is over twice the widest one's own range
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A set of ranks that arrive late together (slow_node): columns into `ranks`, and why they are late."""
+
+    ranks: list[int]
+    cols: list[int]
+    late_on: str  # "gpu" | "host"
+    cost: float  # per step: its extra compute (gpu), else the other ranks' median exposed waiting for it
+    evidence: dict[str, Any]
+    covers: dict[int, float]
+
+
+def _two_clusters(values: np.ndarray) -> np.ndarray | None:
+    """Mask of the upper of two clear clusters of `values` (cut at the widest gap between sorted values, the gap
+    over SPLIT_RATIO times the larger cluster's range); None when the values do not split that way."""
+    if len(values) < 3:
+        return None
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    gaps = np.diff(v)
+    cut = int(np.argmax(gaps)) + 1
+    spread = max(v[cut - 1] - v[0], v[-1] - v[cut])
+    if gaps[cut - 1] <= SPLIT_RATIO * spread or gaps[cut - 1] <= 0:
+        return None
+    upper = np.zeros(len(values), dtype=bool)
+    upper[order[cut:]] = True
+    return upper
+
+
+def _late_group(kinds: dict[str, _Kind], steps: np.ndarray) -> np.ndarray | None:
+    """Mask of the ranks that arrive late together: each rank's own wait per step (every kind, against the
+    shortest kernel of each collective) splits into two clear clusters, and the lower one (they wait less: the
+    others wait for them) has at least 2 ranks and at most half of them. None otherwise."""
+    own = np.sum([_waits(k, steps) for k in kinds.values()], axis=0)
+    upper = _two_clusters(own)
+    if upper is None or not 2 <= int((~upper).sum()) <= len(own) // 2:
+        return None
+    return ~upper
+
+
+def _apart(group: np.ndarray, values: np.ndarray) -> float | None:
+    """How much more the group's values are than the others' (median against median), when every group rank's
+    value is above every other rank's; else None."""
+    if not group.any() or group.all() or values[group].min() <= values[~group].max():
+        return None
+    return float(np.median(values[group]) - np.median(values[~group]))
+
+
+def _slow_group(results: Sequence[RankResult]) -> _Group | None:
+    """The ranks the others wait for together (docs/rules.md, Slow node): per rank its own wait per step (every
+    kind, against the shortest kernel of each collective) splits into two clear clusters, the lower one of at
+    least 2 ranks and at most half of them; and what makes them late is in their traces: every one of them
+    computes longer per step than every other rank (the GPU), or starts its steps later (the host's lead-in),
+    by more than 1 % of the step. Their cost, as for one straggler: slow GPUs, the compute the group needs per
+    step beyond the other ranks (medians); a late host, the median over the other ranks of the exposed time per
+    step they wait for the group (their kernel beyond the group's shortest one at each collective). Either way
+    the other ranks' exposed waiting is what the group explains there (`covers`)."""
+    sigs = {r.metrics.rank: r.signature for r in results if r.signature is not None and r.metrics.rank is not None}
+    if len(sigs) < 4 or _partial(results):
+        return None
+    ranks = sorted(sigs)
+    kinds = _matched(sigs, ranks)
+    if not kinds:
+        return None
+    steps = np.array([max(1, sigs[r].steps) for r in ranks], dtype=np.float64)
+    group = _late_group(kinds, steps)
+    if group is None:
+        return None
+    upper = ~group
+    own = np.sum([_waits(k, steps) for k in kinds.values()], axis=0)
+    metrics = {r.metrics.rank: r.metrics for r in results if r.metrics.rank is not None}
+    step_times = [m.step_time_us / max(1, len(m.steps)) for m in metrics.values() if m.step_time_us]
+    floor = MIN_STEP_SHARE * statistics.median(step_times) if step_times else 0.0
+    cols = np.flatnonzero(group).tolist()
+    exposed_for = np.sum([_waiting_for_group(k, steps, cols, exposed=True) for k in kinds.values()], axis=0)
+    waiting_for = np.sum([_waiting_for_group(k, steps, cols, exposed=False) for k in kinds.values()], axis=0)
+    others = np.flatnonzero(upper)
+    cost = float(np.median(exposed_for[others]))
+    if cost < floor or cost <= 0:
+        return None
+    compute_map = _compute_per_step(list(metrics.values()))
+    compute = np.array([compute_map.get(r, np.nan) for r in ranks])
+    gaps = np.array([sigs[r].host_gap_us if sigs[r].host_gap_us is not None else np.nan for r in ranks])
+    gpu_extra = _apart(group, compute) if not np.isnan(compute).any() else None
+    host_extra = _apart(group, gaps) if not np.isnan(gaps).any() else None
+    gpu_extra = gpu_extra if gpu_extra is not None and gpu_extra > floor else None
+    others_waiting = float(np.median(waiting_for[others]))
+    if host_extra is not None and not (host_extra > floor and host_extra >= HOST_SHARE * others_waiting):
+        host_extra = None
+    if gpu_extra is not None and (host_extra is None or gpu_extra >= host_extra):
+        late_on = "gpu"
+    elif host_extra is not None:
+        late_on = "host"
+    else:
+        return None  # they arrive late, but their traces do not show why: a network path, not a slow node
+    members = [ranks[c] for c in cols]
+    # as for one straggler: a slow GPU costs the compute it needs beyond the others (everyone waits that long),
+    # a late host the others' exposed waiting
+    cost = gpu_extra if late_on == "gpu" and gpu_extra is not None else cost
+
+    def median_of(values: np.ndarray, sel: np.ndarray) -> float | None:
+        return None if np.isnan(values[sel]).any() else round(float(np.median(values[sel])), 3)
+
+    evidence: dict[str, Any] = {
+        "ranks": members,
+        "late_on": late_on,
+        "own_wait_us_per_step": {
+            "group_max": round(float(own[group].max()), 3),
+            "others_min": round(float(own[upper].min()), 3),
+        },
+        "others_wait_us_per_step": {
+            "min": round(float(exposed_for[others].min()), 3),
+            "median": round(float(np.median(exposed_for[others])), 3),
+            "max": round(float(exposed_for[others].max()), 3),
+        },
+        "extra_compute_us_per_step": round(gpu_extra, 3) if gpu_extra is not None else None,
+        "compute_us_per_step": {"group_median": median_of(compute, group), "others_median": median_of(compute, upper)},
+        "host_gap_us_per_step": {"group_median": median_of(gaps, group), "others_median": median_of(gaps, upper)},
+        "method": "per rank: kernel duration minus the shortest duration of the same collective across ranks, every "
+        "kind (matched by process group, kind and order; durations only); two clusters split at the widest gap, "
+        f"over {SPLIT_RATIO:g}x the wider cluster's range; every rank of the group computes longer (or starts its "
+        "steps later) than every other rank",
+    }
+    covers = {ranks[r]: round(float(exposed_for[r]), 3) for r in others.tolist()}
+    return _Group(members, cols, late_on, cost, evidence, covers)
+
+
+def _waiting_for_group(k: _Kind, steps: np.ndarray, cols: list[int], exposed: bool) -> np.ndarray:
+    """Per rank: how long per step it waits in this kind's collectives for the last of the group `cols` to
+    arrive (its duration beyond the group's shortest), all of it or only the part no compute covered."""
+    wait = np.clip(k.dur - k.dur[:, cols].min(axis=1, keepdims=True), 0.0, None) * k.inside
+    return np.asarray((wait * k.exposed if exposed else wait).sum(axis=0) / steps)
+
+
+def slow_node(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
+    """Several ranks arrive late together, e.g. every GPU of a throttled node: the last arrival rotates among
+    them, so no single rank carries the collectives' spread (`straggler` needs one), while the other ranks wait
+    for the group inside their NCCL kernels. Found by `_slow_group`; named by host (the run manifest's `ranks`,
+    else the traces' `host_name`) or by rank range and GPUs per node. A group that arrives late without computing
+    longer or starting later (a slow network path: its transfers are slow, its compute is not) is not a slow
+    node. Its cost is what healing it saves (see `_slow_group`); the other ranks' waiting for it is its, not
+    peer-wait's or a stream wait's."""
+    group = _slow_group(results)
+    if group is None:
+        return []
+    known = job.hosts
+    metrics = {r.metrics.rank: r.metrics for r in results if r.metrics.rank is not None}
+    hosts = sorted({known.get(r) or metrics[r].host or "" for r in group.ranks} - {""})
+    all_named = all(known.get(r) or metrics[r].host for r in group.ranks)
+    lo, hi = group.ranks[0], group.ranks[-1]
+    contiguous = group.ranks == list(range(lo, hi + 1))
+    span = f"ranks {lo}-{hi}" if contiguous else "ranks " + ", ".join(map(str, group.ranks))
+    per_node = job.gpus_per_node
+    node = lo // per_node if per_node and contiguous and lo % per_node == 0 and len(group.ranks) == per_node else None
+    if all_named and len(hosts) == 1:
+        name = f"Node {hosts[0]} ({span})"
+    elif node is not None:
+        name = f"Node {node} ({span}, {per_node} GPUs per node)"
+    else:
+        name = f"{len(group.ranks)} ranks ({span}{', on ' + ', '.join(hosts) if all_named and hosts else ''})"
+    evidence = {**group.evidence, "hosts": hosts if all_named else None, "gpus_per_node": per_node, "node": node}
+    ev = group.evidence
+    if group.late_on == "gpu":
+        c = ev["compute_us_per_step"]
+        cause = (
+            f"each of them computes longer per step than any other rank ({c['group_median']:.0f} µs vs "
+            f"{c['others_median']:.0f} µs, medians): their GPUs are slow. Check that node's GPU clocks, thermals, "
+            "power capping and host load (nvidia-smi -q -d PERFORMANCE shows throttle reasons)"
+        )
+        suffix = " (slow on the GPU)"
+    else:
+        h = ev["host_gap_us_per_step"]
+        cause = (
+            f"their GPU compute is typical, but each of their hosts starts its steps later than any other rank's "
+            f"({h['group_median']:.0f} µs vs {h['others_median']:.0f} µs from the start of ProfilerStep to the "
+            "first GPU launch, medians): check that node's CPU load, affinity and input pipeline"
+        )
+        suffix = " (late on the host)"
+    w = ev["own_wait_us_per_step"]
+    why = (
+        f"{len(group.ranks)} ranks wait at most {w['group_max']:.0f} µs per step inside their collectives, the "
+        f"others at least {w['others_min']:.0f} µs: the others wait for this group (the last to arrive rotates "
+        f"among its ranks, so no single one is a straggler), {ev['others_wait_us_per_step']['median']:.0f} µs per step "
+        "exposed (median rank); " + cause
+    )
+    steps = sorted({s.step for r in results for s in r.metrics.steps})
+    return [
+        finding(
+            SLOW_NODE.id,
+            f"{name} is slow{suffix}",
+            why,
+            group.cost,
+            group.ranks,
+            steps,
+            evidence,
+            covers=group.covers,
+        )
+    ]
+
+
 # the other ranks' waits inside collectives for the straggler stall their compute: those stalls are its, and
 # so is the reduce throttle's block on their reductions that wait for it
 STRAGGLER = Rule(
     "straggler",
     cross=straggler,
+    explains=("cross-stream-wait", "allgather-transfer-bound", "peer-wait", "reduce-event-throttle"),
+    paces=True,
+)
+
+# as for the straggler: the other ranks' waits for the group are its, the job runs at its pace
+SLOW_NODE = Rule(
+    "slow-node",
+    cross=slow_node,
     explains=("cross-stream-wait", "allgather-transfer-bound", "peer-wait", "reduce-event-throttle"),
     paces=True,
 )

@@ -103,6 +103,8 @@ def no_stream_concurrency(view: RankFacts) -> list[Finding]:
         "collectives_held_without_wait": ser.unexplained_held,
         "collectives_held_after_wait": ser.explained_held,
         "unexplained_stall_us_per_step": ser.unexplained_cost_us,
+        # kernels that started only after every kernel launched before them (any stream) had ended
+        "in_launch_order_share": ser.launch_order,
         # the explicit-wait events the trace has (what was looked for: cudaStreamWaitEvent, Stream Wait Event)
         "wait_evidence": [n for n in (WAIT_CALL, WAIT_RECORD) if view.model.name_index(n) >= 0],
         "env": dict(ser.env) or None,
@@ -115,7 +117,8 @@ def no_stream_concurrency(view: RankFacts) -> list[Finding]:
     else:
         why = (
             f"kernels execute in launch order across streams, the signature of CUDA_DEVICE_MAX_CONNECTIONS=1 (or "
-            f"CUDA_LAUNCH_BLOCKING=1): {ser.unexplained_stalls} compute stalls behind earlier-launched work and "
+            f"CUDA_LAUNCH_BLOCKING=1): {_share(ser.launch_order)}{ser.unexplained_stalls} compute stalls behind "
+            "earlier-launched work (no wait issued after the work that released them) and "
             f"{ser.unexplained_held} collectives held behind earlier-launched compute had no {WAIT_CALL} "
             f"({WAIT_RECORD}) behind them, against {ser.explained} stalls that the program's waits explain"
         )
@@ -133,6 +136,12 @@ def no_stream_concurrency(view: RankFacts) -> list[Finding]:
             covers=iv.subtract(iv.union(st.start[charged], st.end[charged]), inherent),
         )
     ]
+
+
+def _share(share: float | None) -> str:
+    if share is None:
+        return ""
+    return f"{share:.0%} of the kernels started only after every kernel launched before them on any stream had ended; "
 
 
 def _serializing_env(view: RankFacts) -> dict[str, str | None]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.callsite import functions, is_user
-from overlapcheck.diagnose.facts.concurrency import hardware_serialized
+from overlapcheck.diagnose.facts.concurrency import default_stream_claims, hardware_serialized
 from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, DEFAULT_PREFETCH_BUCKET
@@ -115,7 +115,9 @@ def on_demand_remainder(view: RankFacts) -> np.ndarray:
 
 def _not_prefetched_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     st = view.stalls
-    costs = rest(view, st, view.claimed_by_communicator) - host_delayed(view).explained
+    # what a recorded wait on the default stream added to a gather's lateness is that wait's (overlap-comm-disabled)
+    claimed = view.claimed_by_communicator + default_stream_claims(view)
+    costs = rest(view, st, claimed) - host_delayed(view).explained
     mask = not_prefetched(view, st) & (costs > 0)
     mask &= mask.sum() / view.n_steps >= MIN_ON_DEMAND_PER_STEP
     return mask, np.maximum(costs, 0.0)
@@ -126,7 +128,7 @@ def wait_costs(view: RankFacts) -> np.ndarray:
     queueing, not an on-demand gather (a pattern, or the first fetch of a pass: inherent), not the step's first
     gather (waited for in any case), not what a host sync's block explains (facts/delays.py)."""
     st = view.stalls
-    left = rest(view, st, view.claimed_by_communicator)
+    left = rest(view, st, view.claimed_by_communicator + default_stream_claims(view))
     left[on_demand(view, st)] = 0.0
     left[np.isin(st.comm, view.first_gathers)] = 0.0
     return np.maximum(left - host_delayed(view).explained, 0.0)
