@@ -191,6 +191,7 @@ def _name_mask(model: TraceModel, column: np.ndarray, predicate: Callable[[str],
 
 _COLLECTIVE_OP = re.compile(r"^(?:c10d::|record_param_comms)")
 _WAIT_OP = re.compile(r"wait", re.IGNORECASE)
+_CAPTURE_RANGE = "overlapcheck."  # the ranges `overlapcheck run` opens around DeepSpeed's hooks (capture/modules.py)
 
 
 def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
@@ -210,7 +211,8 @@ def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
     comm_idx = comm_idx[np.argsort(o.start[comm_idx], kind="stable")]
     coll, issuer = _match_issuers(o, op_names, comm_idx, np.flatnonzero(is_coll_op & (o.kind == CPU_OP)))
 
-    leaves = _leaf_ops(o, ~on_gloo & (o.kind == CPU_OP) & ~is_coll_op & ~is_wait)
+    ours = _name_mask(model, o.name, lambda n: n.startswith(_CAPTURE_RANGE))  # module annotations: no compute
+    leaves = _leaf_ops(o, ~on_gloo & (o.kind == CPU_OP) & ~is_coll_op & ~is_wait & ~ours)
     blocked = iv.union(o.start[is_coll_op | is_wait], o.end[is_coll_op | is_wait])
     compute = iv.subtract(iv.union(o.start[leaves], o.end[leaves]), blocked)
 

@@ -3,10 +3,11 @@
 Where the program issued a collective (its launch, or the c10d op on the gloo lanes: `Activities.origin`) is
 looked up among the CPU spans of its thread, best source first:
 
-1. `annotation`: the `overlapcheck.module: <path> (<class>)` ranges that `overlapcheck run` opens around
-   DeepSpeed's parameter fetch (`PartitionedParameterCoordinator.fetch_sub_module`, called by the pre-forward
-   and pre-backward hooks; capture/modules.py). An all-gather issued inside one serves that module: the
-   module whose hook needed (or prefetched on its behalf) the parameters.
+1. `annotation`: the `overlapcheck.module: <path> (<class>)` ranges (cpu_op or user_annotation) that
+   `overlapcheck run` opens around DeepSpeed's parameter fetch (PartitionedParameterCoordinator's
+   `fetch_sub_module`, called by the pre-forward and pre-backward hooks; capture/modules.py). An all-gather
+   issued inside one serves that module: the module whose hook needed (or prefetched on its behalf) the
+   parameters.
 2. `gradient hooks`: a reduce-scatter or all-reduce (a gradient bucket) serves the modules whose gradient hooks
    (`overlapcheck.grad: <path> (<class>)` ranges, around DeepSpeed's
    `reduce_ready_partitions_and_remove_grads`) ended since the previous bucket on the same thread and before it
@@ -35,7 +36,7 @@ from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, Activities
 from overlapcheck.model import ModuleComm, Modules
 from overlapcheck.trace import classify as C
-from overlapcheck.trace.model import ANNOTATION, PYTHON, TraceModel
+from overlapcheck.trace.model import ANNOTATION, CPU_OP, PYTHON, TraceModel
 
 MODULE_ANNOTATION = "overlapcheck.module: "
 GRAD_ANNOTATION = "overlapcheck.grad: "
@@ -45,6 +46,7 @@ _FORWARD = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): forward$")
 _LIBRARY = re.compile(r"(^|/)(torch|deepspeed|transformers|accelerate|megatron|apex)/")
 _ANNOTATED = re.compile(r"^(?P<path>.*?)(?: \((?P<cls>[^()]*)\))?$")
 BUCKET_KINDS = ("reduce_scatter", "all_reduce")
+_RANGES = (CPU_OP, ANNOTATION)  # the capture's ranges: cpu_op (_RecordFunctionFast) or user_annotation
 
 NO_MODULE_INFO = (
     "no module information in the traces (no nn.Module or forward frames): per-module attribution needs "
@@ -106,11 +108,11 @@ def _spans_by_thread(model: TraceModel, rows: np.ndarray, labels: list[str]) -> 
     return out
 
 
-def _named(model: TraceModel, kind: int, predicate) -> tuple[np.ndarray, list[str]]:
-    """The ops of `kind` whose name passes `predicate` (tested once per distinct name) and their names."""
+def _named(model: TraceModel, kinds: tuple[int, ...], predicate) -> tuple[np.ndarray, list[str]]:
+    """The ops of `kinds` whose name passes `predicate` (tested once per distinct name) and their names."""
     o = model.ops
     good = np.array([predicate(n) for n in model.names] + [False], dtype=bool)
-    rows = np.flatnonzero((o.kind == kind) & good[np.where(o.name >= 0, o.name, len(model.names))])
+    rows = np.flatnonzero(np.isin(o.kind, kinds) & good[np.where(o.name >= 0, o.name, len(model.names))])
     return rows, [model.names[i] for i in o.name[rows].tolist()]
 
 
@@ -143,15 +145,15 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
     origin = acts.origin[comm] if acts.origin is not None else np.full(len(comm), np.nan)
     thread = acts.origin_thread[comm] if acts.origin_thread is not None else np.full(len(comm), -1)
 
-    rows, labels = _named(model, ANNOTATION, lambda n: n.startswith(MODULE_ANNOTATION))
+    rows, labels = _named(model, _RANGES, lambda n: n.startswith(MODULE_ANNOTATION))
     fetches = _spans_by_thread(model, rows, labels)
-    rows, labels = _named(model, ANNOTATION, lambda n: n.startswith(GRAD_ANNOTATION))
+    rows, labels = _named(model, _RANGES, lambda n: n.startswith(GRAD_ANNOTATION))
     grads = _spans_by_thread(model, rows, labels)
-    rows, labels = _named(model, PYTHON, lambda n: n.startswith(MODULE_FRAME))
+    rows, labels = _named(model, (PYTHON,), lambda n: n.startswith(MODULE_FRAME))
     frames = _spans_by_thread(model, rows, labels)
     forwards: dict[int, _Spans] = {}
     if not frames:
-        rows, labels = _named(model, PYTHON, lambda n: bool(_FORWARD.match(n)) and not _LIBRARY.search(n))
+        rows, labels = _named(model, (PYTHON,), lambda n: bool(_FORWARD.match(n)) and not _LIBRARY.search(n))
         forwards = _spans_by_thread(model, rows, labels)
     has_python = bool((model.ops.kind == PYTHON).any()) if len(model.ops) else False
 

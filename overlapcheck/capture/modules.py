@@ -2,7 +2,8 @@
 
 At engine creation every submodule and parameter of the model is tagged with its module's path
 (`named_modules`), and two DeepSpeed methods are wrapped, class-wide, so that while the profiler records they
-run inside a `torch.profiler.record_function` range naming that module:
+run inside a profiler range naming that module (`_RecordFunctionFast`, a cpu_op, where torch has it; else
+`record_function`, a user_annotation):
 
 - `PartitionedParameterCoordinator.fetch_sub_module(self, current_submodule, forward)` (deepspeed/runtime/zero/
   partitioned_param_coordinator.py, 0.10 to 0.19; called by the pre-forward and pre-backward hooks): the
@@ -54,6 +55,13 @@ def _wrap(cls: type, method: str, prefix: str, target: Callable[..., Any]) -> bo
     import torch
 
     enabled = torch._C._autograd._profiler_enabled  # the profiler's own state: True while it records
+    record: Any
+    try:  # torch >= 2.2: a range without the dispatcher round trip (5-10 µs here, against 50 for record_function)
+        from torch._C._profiler import _RecordFunctionFast
+
+        record = _RecordFunctionFast  # a cpu_op range
+    except ImportError:
+        record = torch.profiler.record_function  # a user_annotation range
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -63,7 +71,7 @@ def _wrap(cls: type, method: str, prefix: str, target: Callable[..., Any]) -> bo
             except Exception:  # noqa: BLE001 - an unexpected signature: no annotation
                 text = None
             if text is not None:
-                with torch.profiler.record_function(prefix + text):
+                with record(prefix + text):
                     return original(self, *args, **kwargs)
         return original(self, *args, **kwargs)
 
