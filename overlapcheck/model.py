@@ -217,6 +217,31 @@ class Modules:
     notes: list[str] = field(default_factory=list)
 
 
+ModuleKey = tuple[str | None, str, str | None, str, str | None]  # (module, kind, phase, source, cls)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedModules:
+    """One rank's MODULES as the main process holds it until the report is written (overlapcheck/compact.py): a
+    key per row, each key tuple shared by every rank that has it, and the values as arrays (`counts` int64;
+    `values` float64, one row of time, exposed, hidden per key); `rows` gives the ModuleComm rows back, every
+    value unchanged. In memory only."""
+
+    ranks: int
+    rank_steps: int
+    keys: tuple[ModuleKey, ...]
+    counts: Any
+    values: Any
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> list[ModuleComm]:
+        return [
+            ModuleComm(m, kind, ph, source, int(n), float(v[0]), float(v[1]), float(v[2]), cls)
+            for (m, kind, ph, source, cls), n, v in zip(self.keys, self.counts.tolist(), self.values, strict=True)
+        ]
+
+
 @dataclass(frozen=True, slots=True)
 class RankMetrics:
     """One rank's measurements (the RANK object)."""
@@ -439,7 +464,8 @@ class RankResult:
     timeline: Timeline | None = None
     blames: list[Blame] = field(default_factory=list)  # what the findings blame (in memory, with timelines)
     trace_steps: tuple[int, ...] = ()  # the ProfilerSteps its trace holds, selected or not (in memory only)
-    modules: Modules | None = None  # the rank's per-module communication (None: it has no communication)
+    # the rank's per-module communication (None: it has no communication); packed once it reaches the main process
+    modules: Modules | PackedModules | None = None
 
 
 @dataclass(frozen=True)

@@ -232,3 +232,26 @@ def test_a_real_trace_without_python_stacks_says_attribution_needs_them():
     report = analyze(path, diagnose=False)
     assert report.modules is not None and report.modules.notes == [NO_MODULE_INFO]
     assert all(r.module is None and r.source == "none" for r in report.modules.rows)
+
+
+def test_packed_ranks_share_their_row_keys_and_keep_every_value(tmp_path):
+    """The main process holds each rank's MODULES packed (overlapcheck/compact.py): same rows, keys held once."""
+    from overlapcheck.compact import Compactor
+    from overlapcheck.model import PackedModules, RankResult
+
+    events = [
+        step(1, 0, 1000),
+        frame("nn.Module: Net_0", 10, 900),
+        launch(110, corr=1),
+        kernel(AG, 200, 100.125, stream=20, corr=1),
+        kernel(GEMM, 250, 10, stream=7),
+    ]
+    report = analyze(write_trace(tmp_path, "rank0.json.gz", events, world_size=1), diagnose=False)
+    modules = report.modules
+    compactor = Compactor()
+    packed = [compactor.result(RankResult(report.ranks[0], modules=modules)).modules for _ in range(3)]
+    assert all(isinstance(p, PackedModules) for p in packed)
+    assert all(p.rows == modules.rows and p.notes == tuple(modules.notes) for p in packed)
+    assert packed[0].keys[0] is packed[2].keys[0]
+    merged = merge_modules(packed)
+    assert merged.ranks == 3 and merged.rows[0].time_us == 3 * 100.125 and merged.rows[0].count == 3

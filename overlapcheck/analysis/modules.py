@@ -34,7 +34,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, Activities
-from overlapcheck.model import ModuleComm, Modules
+from overlapcheck.model import ModuleComm, Modules, PackedModules
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import ANNOTATION, CPU_OP, PYTHON, TraceModel
 
@@ -248,7 +248,7 @@ def sort_rows(rows: list[ModuleComm]) -> list[ModuleComm]:
     return sorted(rows, key=lambda r: (-r.exposed_us, r.module or "", r.kind, r.phase or "", r.source))
 
 
-def merge_modules(parts: list[Modules | None]) -> Modules | None:
+def merge_modules(parts: list[Modules | PackedModules | None]) -> Modules | None:
     """The job's MODULES object: the ranks' rows summed by (module, kind, phase, source), in the given (rank)
     order, so that merging per-rank summaries gives the same numbers as merging the ranks' own results."""
     present = [p for p in parts if p is not None]
