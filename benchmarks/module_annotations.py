@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from overlapcheck.capture.modules import MODULE_PREFIX, _wrap, tag_model
+from overlapcheck.capture.modules import MODULE_PREFIX, _tag_of_first, _wrap, tag_model
 
 
 class _Hooks:
@@ -46,7 +46,7 @@ def main() -> None:
         pass
 
     Wrapped.fetch_sub_module = _Hooks.fetch_sub_module  # type: ignore[method-assign]
-    _wrap(Wrapped, "fetch_sub_module", MODULE_PREFIX, lambda *a, **k: a[0])
+    _wrap(Wrapped, "fetch_sub_module", MODULE_PREFIX, _tag_of_first)
     hooks = Wrapped()
     outside = _per_call(lambda: hooks.fetch_sub_module(model), args.calls)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):

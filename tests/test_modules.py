@@ -14,6 +14,7 @@ from overlapcheck.analysis.modules import (
     MODULE_ANNOTATION,
     NO_BACKWARD_INFO,
     NO_MODULE_INFO,
+    PARAMS_ANNOTATION,
     merge_modules,
     overlapped_each,
 )
@@ -105,6 +106,26 @@ def test_fetch_annotations_win_over_module_frames(tmp_path):
     report = analyze(write_trace(tmp_path, "rank0.json.gz", events, world_size=1), diagnose=False)
     (row,) = report.modules.rows
     assert (row.module, row.cls, row.source, row.kind) == ("layers.3.attn", "Attention", "annotation", "all_gather")
+
+
+def test_a_gather_is_the_modules_whose_parameters_it_fetches_when_the_capture_names_them(tmp_path):
+    """Inside the fetch of `Net` (the root's pre-forward hook), the prefetch of two modules' parameters: the
+    gather serves those two, its time split evenly."""
+    events = [
+        step(1, 0, 1000),
+        annotation(MODULE_ANNOTATION + "Net (Net)", 100, 200),
+        annotation(PARAMS_ANNOTATION + "rnn (GRU); mlp.0 (Linear)", 120, 50),
+        launch(130, corr=1),
+        annotation(PARAMS_ANNOTATION + "... 3 more", 180, 10),  # only a count: the hook's module
+        launch(182, corr=2),
+        kernel(AG, 200, 100, stream=20, corr=1),
+        kernel(AG, 300, 10, stream=20, corr=2),
+    ]
+    report = analyze(write_trace(tmp_path, "rank0.json.gz", events, world_size=1), diagnose=False)
+    rows = _rows(report)
+    assert rows[("rnn", "all_gather", "annotation")].time_us == 50.0
+    assert rows[("mlp.0", "all_gather", "annotation")].cls == "Linear"
+    assert rows[("Net", "all_gather", "annotation")].time_us == 10.0
 
 
 def test_forward_frames_are_the_fallback_and_library_frames_are_skipped(tmp_path):

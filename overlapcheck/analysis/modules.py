@@ -7,7 +7,9 @@ looked up among the CPU spans of its thread, best source first:
    `overlapcheck run` opens around DeepSpeed's parameter fetch (PartitionedParameterCoordinator's
    `fetch_sub_module`, called by the pre-forward and pre-backward hooks; capture/modules.py). An all-gather
    issued inside one serves that module: the module whose hook needed (or prefetched on its behalf) the
-   parameters.
+   parameters. Inside it, the `overlapcheck.params: <path> (<class>); ...` range around the gather itself
+   (`__all_gather_params`) names the modules whose parameters it fetches (a prefetch: the next modules), and
+   wins.
 2. `gradient hooks`: a reduce-scatter or all-reduce (a gradient bucket) serves the modules whose gradient hooks
    (`overlapcheck.grad: <path> (<class>)` ranges, around DeepSpeed's
    `reduce_ready_partitions_and_remove_grads`) ended since the previous bucket on the same thread and before it
@@ -39,7 +41,9 @@ from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import ANNOTATION, CPU_OP, PYTHON, TraceModel
 
 MODULE_ANNOTATION = "overlapcheck.module: "
+PARAMS_ANNOTATION = "overlapcheck.params: "
 GRAD_ANNOTATION = "overlapcheck.grad: "
+SEPARATOR = "; "
 MODULE_FRAME = "nn.Module: "
 _WRAPPERS = re.compile(r"^(DeepSpeedEngine|DistributedDataParallel|FullyShardedDataParallel|PipelineEngine)_\d+$")
 _FORWARD = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): forward$")
@@ -147,6 +151,8 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
 
     rows, labels = _named(model, _RANGES, lambda n: n.startswith(MODULE_ANNOTATION))
     fetches = _spans_by_thread(model, rows, labels)
+    rows, labels = _named(model, _RANGES, lambda n: n.startswith(PARAMS_ANNOTATION))
+    gathers = _spans_by_thread(model, rows, labels)
     rows, labels = _named(model, _RANGES, lambda n: n.startswith(GRAD_ANNOTATION))
     grads = _spans_by_thread(model, rows, labels)
     rows, labels = _named(model, (PYTHON,), lambda n: n.startswith(MODULE_FRAME))
@@ -166,7 +172,7 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
     for k in order.tolist():
         t, th = float(origin[k]), int(thread[k])
         kind = C.COLLECTIVES[int(acts.coll[comm[k]])]
-        found[k] = _attribute(t, th, kind, fetches, grads, frames, forwards, last_bucket)
+        found[k] = _attribute(t, th, kind, (gathers, fetches), grads, frames, forwards, last_bucket)
     for k in range(len(comm)):
         mods, source = found[k]
         served.append(mods)
@@ -198,9 +204,10 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
         for (path, kind, ph, source), (n, time, hid, cls) in table.items()
     ]
     notes = []
-    if not has_python and not fetches and not grads:
+    annotated = bool(fetches or gathers or grads)
+    if not has_python and not annotated:
         notes.append(NO_MODULE_INFO)
-    elif not fetches and not grads and any(s == "none" for (_, _, _, s) in table):
+    elif not annotated and any(s == "none" for (_, _, _, s) in table):
         notes.append(NO_BACKWARD_INFO)
     steps = len(model.steps)
     return Modules(ranks=1, rank_steps=steps, rows=sort_rows(out), notes=notes)
@@ -210,7 +217,7 @@ def _attribute(
     t: float,
     th: int,
     kind: str,
-    fetches: dict[int, _Spans],
+    fetches: tuple[dict[int, _Spans], dict[int, _Spans]],
     grads: dict[int, _Spans],
     frames: dict[int, _Spans],
     forwards: dict[int, _Spans],
@@ -219,7 +226,14 @@ def _attribute(
     """The modules one collective serves and the source that says so (module docstring, 1-5)."""
     if np.isnan(t) or th < 0:
         return [], "none"
-    spans = fetches.get(th)
+    gathers, hooks = fetches
+    spans = gathers.get(th)
+    if spans is not None and (i := spans.around(t)) >= 0:  # the modules whose parameters the gather fetches
+        text = spans.label[i][len(PARAMS_ANNOTATION) :]
+        parts = [_split_annotation(p, "") for p in text.split(SEPARATOR) if p and not p.startswith("... ")]
+        if parts:
+            return list(dict(parts).items()), "annotation"
+    spans = hooks.get(th)
     if spans is not None and (i := spans.around(t)) >= 0:
         return [_split_annotation(spans.label[i], MODULE_ANNOTATION)], "annotation"
     if kind in BUCKET_KINDS and (spans := grads.get(th)) is not None:

@@ -7,7 +7,10 @@ run inside a profiler range naming that module (`_RecordFunctionFast`, a cpu_op,
 
 - `PartitionedParameterCoordinator.fetch_sub_module(self, current_submodule, forward)` (deepspeed/runtime/zero/
   partitioned_param_coordinator.py, 0.10 to 0.19; called by the pre-forward and pre-backward hooks): the
-  all-gathers it issues serve `current_submodule` -> `overlapcheck.module: <path> (<class>)`;
+  all-gathers it issues are on behalf of `current_submodule` -> `overlapcheck.module: <path> (<class>)`;
+- its private `__all_gather_params(self, params, forward)`, which issues one gather for `params` (the module's
+  own, or those it prefetches): the modules whose parameters it fetches ->
+  `overlapcheck.params: <path> (<class>); <path> (<class>)`;
 - `reduce_ready_partitions_and_remove_grads(self, param, ...)` of the ZeRO optimizer (stage3.py and
   stage_1_and_2.py; the gradient hook that fills the reduce buckets) -> `overlapcheck.grad: <path> (<class>)`.
 
@@ -23,7 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 MODULE_PREFIX = "overlapcheck.module: "
+PARAMS_PREFIX = "overlapcheck.params: "  # labels joined by SEPARATOR: the modules whose parameters are gathered
 GRAD_PREFIX = "overlapcheck.grad: "
+SEPARATOR = "; "
+MAX_LABELS = 64  # modules named in one params range (a bigger gather is named by its first ones, and a count)
 _TAG = "_overlapcheck_module"
 _PATCHED = "_overlapcheck_annotated"
 
@@ -47,8 +53,9 @@ def tag_model(model: Any) -> int:
 
 
 def _wrap(cls: type, method: str, prefix: str, target: Callable[..., Any]) -> bool:
-    """Wrap `cls.method` so that, while the profiler records, it runs inside a range named `prefix` + the label
-    of `target(*args)`'s tag. False when the class has no such method or it is wrapped already."""
+    """Wrap `cls.method` so that, while the profiler records, it runs inside a range named `prefix` +
+    `target(*args)` (a label, or None: no range). False when the class has no such method or it is wrapped
+    already."""
     original = cls.__dict__.get(method)
     if original is None or getattr(original, _PATCHED, False):
         return False
@@ -67,7 +74,7 @@ def _wrap(cls: type, method: str, prefix: str, target: Callable[..., Any]) -> bo
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if enabled():
             try:
-                text = getattr(target(*args, **kwargs), _TAG, None)
+                text = target(*args, **kwargs)
             except Exception:  # noqa: BLE001 - an unexpected signature: no annotation
                 text = None
             if text is not None:
@@ -84,6 +91,26 @@ def _first(*args: Any, **kwargs: Any) -> Any:
     return args[0] if args else next(iter(kwargs.values()), None)
 
 
+def _tag_of_first(*args: Any, **kwargs: Any) -> str | None:
+    """The label of the module (or of a parameter's module) given first."""
+    return getattr(_first(*args, **kwargs), _TAG, None)
+
+
+def _tags_of_params(*args: Any, **kwargs: Any) -> str | None:
+    """The labels of the modules whose parameters are in the collection given first, in first-seen order."""
+    params = _first(*args, **kwargs)
+    seen: dict[str, None] = {}
+    for p in params if params is not None else ():
+        tag = getattr(p, _TAG, None)
+        if tag is not None:
+            seen.setdefault(tag, None)
+    if not seen:
+        return None
+    labels = list(seen)
+    extra = f"{SEPARATOR}... {len(labels) - MAX_LABELS} more" if len(labels) > MAX_LABELS else ""
+    return SEPARATOR.join(labels[:MAX_LABELS]) + extra
+
+
 def annotate(engine: Any) -> list[str]:
     """Tag the engine's model and wrap DeepSpeed's fetch and gradient hooks; the names of the methods wrapped."""
     model = getattr(engine, "module", None)
@@ -95,14 +122,16 @@ def annotate(engine: Any) -> list[str]:
         from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
     except ImportError:
         PartitionedParameterCoordinator = None  # noqa: N806 - a class, when DeepSpeed has it
-    if PartitionedParameterCoordinator is not None and _wrap(
-        PartitionedParameterCoordinator, "fetch_sub_module", MODULE_PREFIX, _first
-    ):
-        done.append("fetch_sub_module")
+    if PartitionedParameterCoordinator is not None:
+        if _wrap(PartitionedParameterCoordinator, "fetch_sub_module", MODULE_PREFIX, _tag_of_first):
+            done.append("fetch_sub_module")
+        gather = "_PartitionedParameterCoordinator__all_gather_params"  # private: absent in some versions
+        if _wrap(PartitionedParameterCoordinator, gather, PARAMS_PREFIX, _tags_of_params):
+            done.append("__all_gather_params")
     optimizer = getattr(engine, "optimizer", None)
     for klass in type(optimizer).__mro__ if optimizer is not None else ():
         if "reduce_ready_partitions_and_remove_grads" in klass.__dict__:
-            if _wrap(klass, "reduce_ready_partitions_and_remove_grads", GRAD_PREFIX, _first):
+            if _wrap(klass, "reduce_ready_partitions_and_remove_grads", GRAD_PREFIX, _tag_of_first):
                 done.append(f"{klass.__name__}.reduce_ready_partitions_and_remove_grads")
             break
     return done
