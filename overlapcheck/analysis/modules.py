@@ -12,7 +12,7 @@ looked up among the CPU spans of its thread, best source first:
    wins.
 2. `gradient hooks`: a reduce-scatter or all-reduce (a gradient bucket) serves the modules whose gradient hooks
    (`overlapcheck.grad: <path> (<class>)` ranges, around DeepSpeed's
-   `reduce_ready_partitions_and_remove_grads`) ended since the previous bucket on the same thread and before it
+   `reduce_ready_partitions_and_remove_grads`, on any thread) ended since the previous bucket and before it
    was issued. A hook that issues a bucket adds its own gradient to the next one (stage3.py
    `reduce_independent_p_g_buckets_and_remove_grads` flushes a full bucket before adding), hence "ended".
 3. `module frame`: the innermost `nn.Module: <Class>_<n>` frames torch's Python tracer records (`with_stack`):
@@ -36,6 +36,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, Activities
+from overlapcheck.analysis.metrics import NOISE_US
 from overlapcheck.model import ModuleComm, Modules, PackedModules
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import ANNOTATION, CPU_OP, PYTHON, TraceModel
@@ -154,7 +155,9 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
     rows, labels = _named(model, _RANGES, lambda n: n.startswith(PARAMS_ANNOTATION))
     gathers = _spans_by_thread(model, rows, labels)
     rows, labels = _named(model, _RANGES, lambda n: n.startswith(GRAD_ANNOTATION))
-    grads = _spans_by_thread(model, rows, labels)
+    # one bucket per process, filled by hooks on the autograd engine's threads (CUDA's backward runs on a device
+    # thread) and flushed by the last hook or the epilogue on the main thread: the windows are over all threads
+    grads = _Spans.of(model.ops.start[rows], model.ops.end[rows], labels) if len(rows) else None
     rows, labels = _named(model, (PYTHON,), lambda n: n.startswith(MODULE_FRAME))
     frames = _spans_by_thread(model, rows, labels)
     forwards: dict[int, _Spans] = {}
@@ -166,7 +169,7 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
     # per communication activity: its modules (path, class) and the source they came from
     served: list[list[tuple[str | None, str | None]]] = []
     sources: list[str] = []
-    last_bucket: dict[int, float] = {}
+    last_bucket = [-np.inf]
     order = np.argsort(np.where(np.isnan(origin), np.inf, origin), kind="stable")
     found: dict[int, tuple[list[tuple[str | None, str | None]], str]] = {}
     for k in order.tolist():
@@ -182,6 +185,8 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
     start, end = acts.start[comm], acts.end[comm]
     duration = np.maximum(end - start, 0.0)
     hidden = np.minimum(overlapped_each(start, end, compute), duration)
+    # float noise of the cumulative sums is no overlap (as in metrics.split): snap below a picosecond
+    hidden = np.where(hidden < NOISE_US, 0.0, np.where(duration - hidden < NOISE_US, duration, hidden))
     phase = acts.phase[comm] if acts.phase is not None else np.full(len(comm), -1)
 
     table: dict[tuple[str | None, str, str | None, str], list] = {}
@@ -218,10 +223,10 @@ def _attribute(
     th: int,
     kind: str,
     fetches: tuple[dict[int, _Spans], dict[int, _Spans]],
-    grads: dict[int, _Spans],
+    grads: _Spans | None,
     frames: dict[int, _Spans],
     forwards: dict[int, _Spans],
-    last_bucket: dict[int, float],
+    last_bucket: list[float],
 ) -> tuple[list[tuple[str | None, str | None]], str]:
     """The modules one collective serves and the source that says so (module docstring, 1-5)."""
     if np.isnan(t) or th < 0:
@@ -236,9 +241,9 @@ def _attribute(
     spans = hooks.get(th)
     if spans is not None and (i := spans.around(t)) >= 0:
         return [_split_annotation(spans.label[i], MODULE_ANNOTATION)], "annotation"
-    if kind in BUCKET_KINDS and (spans := grads.get(th)) is not None:
-        since = last_bucket.get(th, -np.inf)
-        last_bucket[th] = t
+    if kind in BUCKET_KINDS and grads is not None:
+        spans, since = grads, last_bucket[0]
+        last_bucket[0] = t
         ended = np.flatnonzero((spans.end > since) & (spans.end <= t))
         if len(ended):
             mods: dict[str, str | None] = {}
