@@ -432,10 +432,12 @@ class Blame:
 @dataclass(frozen=True)
 class Timeline:
     """The selected steps of one rank, lane by lane, for the HTML page and the Perfetto file (never written to
-    JSON). `events` rows are `[lane id, start − t0, duration, class, name index, step, nelems, nbytes]` (step -1
-    when none, sizes -1 when the trace has none), at most a bounded number per rank (communication and the
-    longest kernels first; `omitted` counts the rest); `exposed` are `[start − t0, end − t0]` pairs: the union of
-    communication minus the union of compute, whose lengths add up to the rank's `collectives.all.exposed_us`.
+    JSON). `events` rows are `[lane id, start − t0, duration, class, name index, step, nelems, nbytes, module]`
+    (step -1 when none, sizes -1 when the trace has none, module: the modules a collective serves as one line,
+    `layers.0; layers.1`, None when none or not a collective; docs/metrics.md, Per module), at most a bounded
+    number per rank (communication and the longest kernels first; `omitted` counts the rest); `exposed` are
+    `[start − t0, end − t0]` pairs: the union of communication minus the union of compute, whose lengths add up
+    to the rank's `collectives.all.exposed_us`.
     `step` is the step shown first (the one with the most exposed communication); `steps` are every selected
     step; `host` the blamed host events; `anchors` the first collectives as `(key, absolute end)` pairs, for
     aligning the clocks of ranks."""

@@ -276,3 +276,35 @@ def test_packed_ranks_share_their_row_keys_and_keep_every_value(tmp_path):
     assert packed[0].keys[0] is packed[2].keys[0]
     merged = merge_modules(packed)
     assert merged.ranks == 3 and merged.rows[0].time_us == 3 * 100.125 and merged.rows[0].count == 3
+
+
+def test_html_module_tree_and_perfetto_args_name_the_modules(tmp_path):
+    """The HTML page's module table is a tree by path with a timeline link per module; the page's timeline and
+    the Perfetto file carry each collective's modules (escaped: the names come from the trace)."""
+    from builders import Page
+
+    from overlapcheck.report import renderer
+
+    events = [
+        step(1, 0, 2000),
+        annotation(MODULE_ANNOTATION + "layers.3.attn (Attention)", 100, 50),
+        launch(110, corr=1),
+        annotation(MODULE_ANNOTATION + "layers.<b>x</b> (Evil)", 300, 50),
+        launch(310, corr=2),
+        kernel(AG, 200, 100, stream=20, corr=1),
+        kernel(AG, 400, 100, stream=20, corr=2),
+        kernel(GEMM, 250, 100, stream=7),
+    ]
+    report = analyze(write_trace(tmp_path, "rank0.json.gz", events, world_size=1), timelines=True)
+    html = renderer("html").render(report)
+    page = Page(html)
+    assert "<b>x</b>" not in html.split('<script type="application/json"')[0]  # escaped in the table
+    assert 'data-module="layers.3.attn"' in html and 'data-module="layers.3"' in html and 'data-module="layers"' in html
+    assert "Attention" in page.visible()
+    (tl,) = [b for b in page.json_blocks() if "lanes" in b]
+    assert set(tl["modules"]) == {"layers.3.attn", "layers.<b>x</b>"}
+    assert sorted(m for lane in tl["lanes"] for m in lane["m"] if m >= 0) == [0, 1]
+    perfetto = json.loads(renderer("perfetto").render(report))
+    events_out = perfetto["traceEvents"] if isinstance(perfetto, dict) else perfetto
+    mods = sorted(e["args"]["module"] for e in events_out if "module" in e.get("args", {}))
+    assert mods == ["layers.3.attn", "layers.<b>x</b>"]

@@ -142,11 +142,15 @@ def overlapped_each(starts: np.ndarray, ends: np.ndarray, busy: iv.Intervals) ->
     return np.maximum(measure_before(ends) - measure_before(starts), 0.0)
 
 
-def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
-    """The rank's MODULES object (one rank); None when it has no communication."""
+Served = list[tuple[str | None, str | None]]  # (path, class) of each module a collective serves
+
+
+def served_by(model: TraceModel, acts: Activities) -> tuple[np.ndarray, list[Served], list[str], bool, bool]:
+    """The communication activities (indices into `acts`), the modules each serves and the source that says so;
+    and whether the trace has python frames, and the capture's annotations."""
     comm = np.flatnonzero(acts.cls == C.COMM)
     if not len(comm):
-        return None
+        return comm, [], [], False, False
     origin = acts.origin[comm] if acts.origin is not None else np.full(len(comm), np.nan)
     thread = acts.origin_thread[comm] if acts.origin_thread is not None else np.full(len(comm), -1)
 
@@ -180,7 +184,20 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
         mods, source = found[k]
         served.append(mods)
         sources.append(source)
+    return comm, served, sources, has_python, bool(fetches or gathers or grads)
 
+
+def label_of(mods: Served) -> str | None:
+    """The modules of one collective as one line (`layers.0; layers.1`), None when none."""
+    names = [path for path, _ in mods if path is not None]
+    return "; ".join(names) if names else None
+
+
+def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
+    """The rank's MODULES object (one rank); None when it has no communication."""
+    comm, served, sources, has_python, annotated = served_by(model, acts)
+    if not len(comm):
+        return None
     compute = iv.union(acts.start[acts.cls == C.COMPUTE], acts.end[acts.cls == C.COMPUTE])
     start, end = acts.start[comm], acts.end[comm]
     duration = np.maximum(end - start, 0.0)
@@ -209,7 +226,6 @@ def module_comm(model: TraceModel, acts: Activities) -> Modules | None:
         for (path, kind, ph, source), (n, time, hid, cls) in table.items()
     ]
     notes = []
-    annotated = bool(fetches or gathers or grads)
     if not has_python and not annotated:
         notes.append(NO_MODULE_INFO)
     elif not annotated and any(s == "none" for (_, _, _, s) in table):
