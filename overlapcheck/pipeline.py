@@ -28,7 +28,7 @@ from overlapcheck.analysis.activities import activities_of
 from overlapcheck.analysis.bandwidth import job_bandwidth, with_bandwidth, with_topology
 from overlapcheck.analysis.crossrank import job_notes, summarize
 from overlapcheck.analysis.metrics import analyze_model
-from overlapcheck.analysis.modules import merge_modules, module_comm
+from overlapcheck.analysis.modules import ModuleIndex, merge_modules, module_comm
 from overlapcheck.analysis.select import restrict_to_steps
 from overlapcheck.analysis.timeline import timeline_of
 from overlapcheck.diagnose import accounting_notes, diagnose_rank, diagnose_rank_located, merge_findings
@@ -221,6 +221,7 @@ def analyze_trace(
     acts = activities_of(model)
     metrics = analyze_model(model, acts)
     modules = module_comm(model, acts)
+    index = ModuleIndex.of(model, acts) if options.diagnose else None
     del acts
     if options.rank_from is not None:
         rank = rank_by_pattern(path, options.rank_from)
@@ -237,9 +238,9 @@ def analyze_trace(
     if not options.diagnose:
         findings, signature = [], None
     elif options.timelines:
-        findings, signature, blames = diagnose_rank_located(model, metrics, job or JobContext())
+        findings, signature, blames = diagnose_rank_located(model, metrics, job or JobContext(), index)
     else:
-        findings, signature = diagnose_rank(model, metrics, job or JobContext())
+        findings, signature = diagnose_rank(model, metrics, job or JobContext(), index)
     timeline = timeline_of(model, metrics, blames) if options.timelines else None
     return RankResult(metrics, findings, signature, timeline, blames, trace_steps=in_trace, modules=modules)
 

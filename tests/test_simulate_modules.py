@@ -71,3 +71,43 @@ def _read(path: Path) -> str:
     import gzip
 
     return gzip.decompress(path.read_bytes()).decode()
+
+
+def test_findings_name_the_modules_whose_exposed_collectives_they_explain(tmp_path: Path) -> None:
+    """no-prefetch at 2x4: the first modules' gathers after the optimizer step have nothing to hide behind; the
+    all-gather findings name them, with parts of the finding's cost that add up to at most the cost."""
+    generate("no-prefetch", tmp_path, costs=False, nodes=2, gpus_per_node=4, steps=2, module_frames=True)
+    report = analyze(tmp_path)
+    gathers = [f for f in report.findings if f.rule.startswith("allgather-") and f.evidence.get("modules")]
+    assert gathers, [f.rule for f in report.findings]
+    for f in gathers:
+        named = f.evidence["modules"]
+        assert named[0]["module"] in ("embed", "layers.0")
+        assert all(m["module"] == "embed" or m["module"].startswith("layers.") for m in named)
+        assert [m["cost_us"] for m in named] == sorted((m["cost_us"] for m in named), reverse=True)
+        assert sum(m["share"] for m in named) <= 1.0 + 1e-6
+    from overlapcheck.report import renderer
+
+    assert "modules: embed" in renderer("text").render(report)
+
+
+def test_module_index_shares_a_findings_cost_by_exposed_time_in_its_windows() -> None:
+    import numpy as np
+
+    from overlapcheck.analysis import intervals as iv
+    from overlapcheck.analysis.modules import ModuleIndex
+
+    index = ModuleIndex(
+        start=np.array([0.0, 100.0, 300.0]),
+        end=np.array([50.0, 200.0, 400.0]),
+        served=[[("a", None)], [("b", None), ("c", None)], [("d", None)]],
+        compute=iv.union(np.array([150.0]), np.array([200.0])),
+    )
+    # windows over the first two: a exposed 50, the bucket exposed 50 (split b 25, c 25); d outside the windows
+    named = index.named_in(iv.union(np.array([0.0]), np.array([250.0])), cost_us=10.0)
+    assert named == [
+        {"module": "a", "cost_us": 5.0, "share": 0.5},
+        {"module": "b", "cost_us": 2.5, "share": 0.25},
+        {"module": "c", "cost_us": 2.5, "share": 0.25},
+    ]
+    assert index.named_in(iv.union(np.array([150.0]), np.array([200.0])), cost_us=10.0) == []  # all hidden

@@ -187,6 +187,50 @@ def served_by(model: TraceModel, acts: Activities) -> tuple[np.ndarray, list[Ser
     return comm, served, sources, has_python, bool(fetches or gathers or grads)
 
 
+MAX_FINDING_MODULES = 3  # modules a finding names (the most exposed in its windows)
+MIN_FINDING_US = 1.0  # per step: a module's exposed time below this is not named
+
+
+@dataclass
+class ModuleIndex:
+    """One rank's collectives with the modules they serve, for naming the modules of a finding (its windows)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    served: list[Served]
+    compute: iv.Intervals
+
+    @classmethod
+    def of(cls, model: TraceModel, acts: Activities) -> ModuleIndex | None:
+        """None when no collective serves a named module."""
+        comm, served, _, _, _ = served_by(model, acts)
+        if not any(path is not None for mods in served for path, _ in mods):
+            return None
+        compute = iv.union(acts.start[acts.cls == C.COMPUTE], acts.end[acts.cls == C.COMPUTE])
+        return cls(acts.start[comm], acts.end[comm], served, compute)
+
+    def named_in(self, windows: iv.Intervals, cost_us: float) -> list[dict[str, object]]:
+        """The modules whose collectives are exposed inside `windows` (a finding's covers), most first, with
+        their part of the finding's cost per step (`cost_us` shared in proportion to each module's exposed µs
+        there, a shared collective's split evenly: the parts add up to the cost, each µs once); at most
+        MAX_FINDING_MODULES, none under MIN_FINDING_US."""
+        exposed = overlapped_each(self.start, self.end, iv.subtract(windows, self.compute))
+        per: dict[str, float] = {}
+        for k in np.flatnonzero(exposed > 0).tolist():
+            mods = [path for path, _ in self.served[k] if path is not None]
+            for path in mods:
+                per[path] = per.get(path, 0.0) + float(exposed[k]) / len(mods)
+        total = float(exposed.sum())
+        if total <= 0 or cost_us <= 0:
+            return []
+        ranked = sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [
+            {"module": path, "cost_us": round(cost_us * us / total, 3), "share": round(us / total, 4)}
+            for path, us in ranked[:MAX_FINDING_MODULES]
+            if cost_us * us / total >= MIN_FINDING_US
+        ]
+
+
 def label_of(mods: Served) -> str | None:
     """The modules of one collective as one line (`layers.0; layers.1`), None when none."""
     names = [path for path, _ in mods if path is not None]

@@ -560,6 +560,19 @@ def module_rows(report: Report, limit: int = MAX_MODULE_ROWS) -> list[dict[str, 
     return out
 
 
+def finding_modules_line(f: Finding) -> str | None:
+    """'modules: embed 2.47 ms, layers.0 1.99 ms': the modules whose exposed collectives a finding explains, with
+    their part of its cost per step (evidence.modules); None when it names none."""
+    named = f.evidence.get("modules")
+    if not isinstance(named, list) or not named:
+        return None
+    parts = []
+    for m in named:
+        if isinstance(m, dict) and isinstance(m.get("module"), str) and isinstance(m.get("cost_us"), int | float):
+            parts.append(f"{safe_line(m['module'])} {ms(float(m['cost_us']))} ms")
+    return "modules: " + ", ".join(parts) if parts else None
+
+
 def module_caption(report: Report) -> str | None:
     """What the module table covers: the share of communication time with a module, and how many rows are left."""
     m = report.modules

@@ -164,5 +164,7 @@ def _finding(i: int, f: Finding) -> list[RenderableType]:
     out: list[RenderableType] = [head]
     if f.why:
         out.append(Text("   " + P.safe_line(f.why)))
+    if line := P.finding_modules_line(f):
+        out.append(Text("   " + line, style="cyan"))
     out += [Text(f"   fix: {line}", style="green") for line in P.fix_lines(f.fix)]
     return out
