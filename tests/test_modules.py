@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from builders import frame, kernel, launch, shared_traces_dir, step, write_trace
 
@@ -308,3 +309,29 @@ def test_html_module_tree_and_perfetto_args_name_the_modules(tmp_path):
     events_out = perfetto["traceEvents"] if isinstance(perfetto, dict) else perfetto
     mods = sorted(e["args"]["module"] for e in events_out if "module" in e.get("args", {}))
     assert mods == ["layers.3.attn", "layers.<b>x</b>"]
+
+
+def test_the_capture_ranges_are_no_call_site(tmp_path):
+    """Without stacks a call site is the enclosing ops; the module ranges around DeepSpeed's hooks are not one of
+    them, so a sync in every module's fetch stays one call site (one finding), not one per module."""
+    from overlapcheck.diagnose.facts.callsite import CallSites
+    from overlapcheck.trace.reader import load_trace
+
+    events = [
+        step(1, 0, 1000),
+        annotation(MODULE_ANNOTATION + "layers.0 (Block)", 100, 100),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 100, "tid": 100, "ts": 110, "dur": 20},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": GRAD_ANNOTATION + "layers.1 (Block)",
+            "pid": 100,
+            "tid": 100,
+            "ts": 300,
+            "dur": 100,
+        },
+        {"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 100, "tid": 100, "ts": 310, "dur": 20},
+    ]
+    model = load_trace(str(write_trace(tmp_path, "rank0.json.gz", events, world_size=1)))
+    sites = CallSites(model, np.array(model.names, dtype=object))
+    assert sites.site(0, 115)["frame"] == sites.site(0, 315)["frame"] == "aten::item"
