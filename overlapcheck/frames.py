@@ -13,12 +13,12 @@ from overlapcheck.model import ALL, COLLECTIVE_KEYS, Collectives, Report, Split
 if TYPE_CHECKING:
     import pandas as pd
 
-LEVELS = ("ranks", "collectives", "steps", "phases", "findings")
+LEVELS = ("ranks", "collectives", "steps", "phases", "modules", "findings")
 
 
 def dataframe(report: Report, level: str) -> pd.DataFrame:
-    """One row per rank, per (rank, collective), per (rank, step), per (rank, step, phase, collective), or per
-    finding."""
+    """One row per rank, per (rank, collective), per (rank, step), per (rank, step, phase, collective), per
+    (module, collective, phase, source) over the ranks, or per finding."""
     import pandas as pd
 
     if level not in _BUILDERS:
@@ -104,6 +104,34 @@ def _phases(report: Report) -> Rows:
     return rows, ["rank", "step", "phase", "compute_us", "collective", *_SPLIT]
 
 
+_MODULE = ["module", "class", "collective", "phase", "source", "count", "time_us", "exposed_us", "hidden_us"]
+_MODULE += ["exposed_us_per_rank_step"]
+
+
+def _modules(report: Report) -> Rows:
+    """The MODULES rows (summed over the ranks), and the exposed µs per rank and profiled step."""
+    m = report.modules
+    if m is None:
+        return [], _MODULE
+    per = m.rank_steps or m.ranks or 1
+    rows = [
+        {
+            "module": r.module,
+            "class": r.cls,
+            "collective": r.kind,
+            "phase": r.phase,
+            "source": r.source,
+            "count": r.count,
+            "time_us": r.time_us,
+            "exposed_us": r.exposed_us,
+            "hidden_us": r.hidden_us,
+            "exposed_us_per_rank_step": r.exposed_us / per,
+        }
+        for r in m.rows
+    ]
+    return rows, _MODULE
+
+
 _FINDING = ["rule", "severity", "title", "cost_us", "ranks", "steps", "why", "fix_config", "fix_env", "fix_upgrade"]
 
 
@@ -132,5 +160,6 @@ _BUILDERS: dict[str, Callable[[Report], Rows]] = {
     "collectives": _collectives,
     "steps": _steps,
     "phases": _phases,
+    "modules": _modules,
     "findings": _findings,
 }

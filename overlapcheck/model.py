@@ -182,6 +182,67 @@ class JobBandwidth:
 
 
 @dataclass(frozen=True, slots=True)
+class ModuleComm:
+    """The communication one module is served by, of one collective kind in one phase (docs/metrics.md, Per
+    module): how many collectives serve it, and its share of their time, exposed and hidden (overlapped) µs. A
+    collective that serves several modules (a gradient bucket) is counted once for each and its time is split
+    evenly among them, so the rows of a rank add up to its collectives' time, each µs once. `module` is the
+    module's path (`mlp.0`, from the capture's annotations) or the chain of the profiler's module frames
+    (`Net_0.Sequential_0.Linear_1`), or the forward frame that called it; None: no module found. `source` says
+    which (MODULE_SOURCES)."""
+
+    module: str | None
+    kind: str
+    phase: str | None  # forward, backward, optimizer; None outside steps or without phases
+    source: str
+    count: int
+    time_us: float
+    exposed_us: float
+    hidden_us: float
+    cls: str | None = None  # the module's class, when the source names it
+
+
+MODULE_SOURCES = ("annotation", "gradient hooks", "module frame", "forward frame", "none")
+
+
+@dataclass(frozen=True)
+class Modules:
+    """The MODULES object: per module, kind and phase, the communication that serves it, summed over the ranks
+    that have communication (`ranks`) and their profiled steps (`rank_steps`: per rank and step, divide by it).
+    `notes` say what the attribution rests on, or why there is none."""
+
+    ranks: int
+    rank_steps: int
+    rows: list[ModuleComm]
+    notes: list[str] = field(default_factory=list)
+
+
+ModuleKey = tuple[str | None, str, str | None, str, str | None]  # (module, kind, phase, source, cls)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedModules:
+    """One rank's MODULES as the main process holds it until the report is written (overlapcheck/compact.py): a
+    key per row, each key tuple shared by every rank that has it, and the values as arrays (`counts` int64;
+    `values` float64, one row of time, exposed, hidden per key); `rows` gives the ModuleComm rows back, every
+    value unchanged. In memory only."""
+
+    ranks: int
+    rank_steps: int
+    keys: tuple[ModuleKey, ...]
+    counts: Any
+    values: Any
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> list[ModuleComm]:
+        return [
+            ModuleComm(m, kind, ph, source, int(n), float(v[0]), float(v[1]), float(v[2]), cls)
+            for (m, kind, ph, source, cls), n, v in zip(self.keys, self.counts.tolist(), self.values, strict=True)
+        ]
+
+
+@dataclass(frozen=True, slots=True)
 class RankMetrics:
     """One rank's measurements (the RANK object)."""
 
@@ -371,10 +432,12 @@ class Blame:
 @dataclass(frozen=True)
 class Timeline:
     """The selected steps of one rank, lane by lane, for the HTML page and the Perfetto file (never written to
-    JSON). `events` rows are `[lane id, start − t0, duration, class, name index, step, nelems, nbytes]` (step -1
-    when none, sizes -1 when the trace has none), at most a bounded number per rank (communication and the
-    longest kernels first; `omitted` counts the rest); `exposed` are `[start − t0, end − t0]` pairs: the union of
-    communication minus the union of compute, whose lengths add up to the rank's `collectives.all.exposed_us`.
+    JSON). `events` rows are `[lane id, start − t0, duration, class, name index, step, nelems, nbytes, module]`
+    (step -1 when none, sizes -1 when the trace has none, module: the modules a collective serves as one line,
+    `layers.0; layers.1`, None when none or not a collective; docs/metrics.md, Per module), at most a bounded
+    number per rank (communication and the longest kernels first; `omitted` counts the rest); `exposed` are
+    `[start − t0, end − t0]` pairs: the union of communication minus the union of compute, whose lengths add up
+    to the rank's `collectives.all.exposed_us`.
     `step` is the step shown first (the one with the most exposed communication); `steps` are every selected
     step; `host` the blamed host events; `anchors` the first collectives as `(key, absolute end)` pairs, for
     aligning the clocks of ranks."""
@@ -403,6 +466,8 @@ class RankResult:
     timeline: Timeline | None = None
     blames: list[Blame] = field(default_factory=list)  # what the findings blame (in memory, with timelines)
     trace_steps: tuple[int, ...] = ()  # the ProfilerSteps its trace holds, selected or not (in memory only)
+    # the rank's per-module communication (None: it has no communication); packed once it reaches the main process
+    modules: Modules | PackedModules | None = None
 
 
 @dataclass(frozen=True)
@@ -424,6 +489,8 @@ class Report:
     # of the whole job, not of one rank: its ds_config's values left out or resolved, uneven captures, rules that
     # could not apply, ...; absent when there is nothing to say
     notes: list[str] | None = field(default=None, metadata={"omit_none": True})
+    # per module, the communication that serves it (analysis/modules.py); absent when no rank has communication
+    modules: Modules | None = field(default=None, metadata={"omit_none": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (docs/report-schema.md); floats as computed (the JSON renderer rounds them)."""
@@ -457,15 +524,15 @@ class Report:
         return (
             f"<Report {self.schema}: {len(self.ranks)} ranks, {len(self.findings)} findings, "
             f"{len(self.errors)} errors; .to_dict(), .dataframe('ranks' | 'collectives' | 'steps' | 'phases' | "
-            "'findings')>"
+            "'modules' | 'findings')>"
         )
 
     def rank(self, number: int) -> RankMetrics | None:
         return next((r for r in self.ranks if r.rank == number), None)
 
     def dataframe(self, level: str = "ranks") -> pd.DataFrame:
-        """A pandas DataFrame of one level of the report: `ranks`, `collectives`, `steps`, `phases` or
-        `findings` (docs/api.md lists the columns)."""
+        """A pandas DataFrame of one level of the report: `ranks`, `collectives`, `steps`, `phases`, `modules`
+        or `findings` (docs/api.md lists the columns)."""
         from overlapcheck.frames import dataframe
 
         return dataframe(self, level)

@@ -24,9 +24,11 @@ from typing import Any
 import numpy as np
 
 from overlapcheck import __version__
+from overlapcheck.analysis.activities import activities_of
 from overlapcheck.analysis.bandwidth import job_bandwidth, with_bandwidth, with_topology
 from overlapcheck.analysis.crossrank import job_notes, summarize
 from overlapcheck.analysis.metrics import analyze_model
+from overlapcheck.analysis.modules import ModuleIndex, merge_modules, module_comm
 from overlapcheck.analysis.select import restrict_to_steps
 from overlapcheck.analysis.timeline import timeline_of
 from overlapcheck.diagnose import accounting_notes, diagnose_rank, diagnose_rank_located, merge_findings
@@ -232,7 +234,11 @@ def analyze_trace(
     in_trace = tuple(sorted({int(n) for n in model.steps.number}))
     if options.steps is not None:
         model = restrict_to_steps(model, [n for n in in_trace if n in options.steps])  # the selection is not expanded
-    metrics = analyze_model(model)
+    acts = activities_of(model)
+    metrics = analyze_model(model, acts)
+    modules = module_comm(model, acts)
+    index = ModuleIndex.of(model, acts) if options.diagnose else None
+    del acts
     if options.rank_from is not None:
         rank = rank_by_pattern(path, options.rank_from)
         if rank != metrics.rank:
@@ -248,11 +254,11 @@ def analyze_trace(
     if not options.diagnose:
         findings, signature = [], None
     elif options.timelines:
-        findings, signature, blames = diagnose_rank_located(model, metrics, job or JobContext())
+        findings, signature, blames = diagnose_rank_located(model, metrics, job or JobContext(), index)
     else:
-        findings, signature = diagnose_rank(model, metrics, job or JobContext())
+        findings, signature = diagnose_rank(model, metrics, job or JobContext(), index)
     timeline = timeline_of(model, metrics, blames) if options.timelines else None
-    return RankResult(metrics, findings, signature, timeline, blames, trace_steps=in_trace)
+    return RankResult(metrics, findings, signature, timeline, blames, trace_steps=in_trace, modules=modules)
 
 
 MAX_NAME = 8192  # characters of a name in the outputs (a 1 MB name made a 200 MB page; C++ templates reach 5,000)
@@ -354,9 +360,10 @@ def read_summary(summary: Summary) -> Outcome:
         return summary.path, [], str(exc)
     sigs = report.collective_signatures or {}
     out = []
+    modules = report.modules if len(report.ranks) == 1 else None  # a one-rank summary's modules are that rank's
     for metrics in report.ranks:
         findings = [f for f in report.findings if metrics.rank in f.ranks]
-        out.append(RankResult(metrics, findings, sigs.get(str(metrics.rank))))
+        out.append(RankResult(metrics, findings, sigs.get(str(metrics.rank)), modules=modules))
     return summary.path, out, None
 
 
@@ -498,6 +505,7 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
             *(accounting_notes(results) if options.diagnose else []),
         ]
         or None,
+        modules=merge_modules([r.modules for r in results]),
     )
 
 

@@ -61,6 +61,7 @@ def test_ds_config_as_dict_or_file(tmp_path: Path) -> None:
         ("collectives", None, {"rank", "collective", "overlap", "exposed_us"}),
         ("steps", 4, {"rank", "step", "duration_us", "overlap", "exposed_share"}),
         ("phases", None, {"rank", "step", "phase", "collective", "compute_us"}),
+        ("modules", None, {"module", "class", "collective", "phase", "source", "exposed_us", "hidden_us"}),
         ("findings", None, {"rule", "severity", "cost_us", "fix_config"}),
     ],
 )
@@ -76,6 +77,10 @@ def test_dataframes(straggler: Report, level: str, rows: int | None, columns: se
         assert list(all_rows["exposed_us"]) == [r.collectives["all"].exposed_us for r in straggler.ranks]
     if level == "findings":
         assert list(df["rule"]) == [f.rule for f in straggler.findings]
+    if level == "modules":  # the simulated traces have no python frames: every row without a module, all the time
+        assert straggler.modules is not None and len(df) == len(straggler.modules.rows)
+        assert df["module"].isna().all()
+        assert df["time_us"].sum() == pytest.approx(sum(r.time_us for r in straggler.modules.rows))
     with pytest.raises(ValueError, match="unknown level"):
         straggler.dataframe("kernels")
 

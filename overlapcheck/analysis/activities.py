@@ -29,6 +29,10 @@ class Activities:
     notes: list[str] = field(default_factory=list)
     phase: np.ndarray | None = None  # index into PHASES, -1 when none (set by activities_of)
     issued: np.ndarray | None = None  # CPU time the activity was issued, NaN when not in the trace (activities_of)
+    # where the program issued each activity, for the module attribution (analysis/modules.py): the CPU time and
+    # thread index of its launch (GPU lanes) or of the c10d op that issued it (gloo lanes); NaN / -1 when unknown
+    origin: np.ndarray | None = None
+    origin_thread: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.start)
@@ -45,6 +49,7 @@ def activities_of(model: TraceModel) -> Activities:
         launch, known = issue_times(model)
         launch = np.where(known, launch, np.nan)  # a launch that is not in the trace is in no step
         acts = Activities(g.start, g.end, g.cls, g.coll, g.stream, step_of(model, launch), "gpu")
+        acts.origin, acts.origin_thread = launch, launch_threads(model)
     elif gloo := gloo_threads(model):
         acts = cpu_activities(model, gloo)
         launch = acts.start
@@ -119,6 +124,23 @@ def issue_times(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
     return launch, found
 
 
+def launch_threads(model: TraceModel) -> np.ndarray:
+    """The thread index (into `model.threads`) that issued each GPU activity: its runtime call's thread (same
+    correlation id), else its `ac2g` flow start's; -1 when neither is in the trace."""
+    g = model.gpu
+    out = np.full(len(g), -1, dtype=np.int64)
+    found = np.zeros(len(g), dtype=bool)
+    for table in (model.runtime, model.flows):
+        if not len(table):
+            continue
+        corr, first = np.unique(table.correlation, return_index=True)
+        i = np.minimum(np.searchsorted(corr, g.correlation), len(corr) - 1)
+        hit = (~found) & (g.correlation >= 0) & (corr[i] == g.correlation)
+        out[hit] = table.thread[first[i[hit]]]
+        found |= hit
+    return out
+
+
 def launch_times(model: TraceModel) -> np.ndarray:
     """CPU time at which each GPU activity was issued: its runtime call (same correlation id), else its `ac2g`
     flow start, else (no launch in the trace) its own start. A time, for the diagnosis; which step an activity
@@ -169,6 +191,7 @@ def _name_mask(model: TraceModel, column: np.ndarray, predicate: Callable[[str],
 
 _COLLECTIVE_OP = re.compile(r"^(?:c10d::|record_param_comms)")
 _WAIT_OP = re.compile(r"wait", re.IGNORECASE)
+_CAPTURE_RANGE = "overlapcheck."  # the ranges `overlapcheck run` opens around DeepSpeed's hooks (capture/modules.py)
 
 
 def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
@@ -186,9 +209,10 @@ def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
 
     comm_idx = np.flatnonzero(is_gloo_ann)
     comm_idx = comm_idx[np.argsort(o.start[comm_idx], kind="stable")]
-    coll = _match_issuers(o, op_names, comm_idx, np.flatnonzero(is_coll_op & (o.kind == CPU_OP)))
+    coll, issuer = _match_issuers(o, op_names, comm_idx, np.flatnonzero(is_coll_op & (o.kind == CPU_OP)))
 
-    leaves = _leaf_ops(o, ~on_gloo & (o.kind == CPU_OP) & ~is_coll_op & ~is_wait)
+    ours = _name_mask(model, o.name, lambda n: n.startswith(_CAPTURE_RANGE))  # module annotations: no compute
+    leaves = _leaf_ops(o, ~on_gloo & (o.kind == CPU_OP) & ~is_coll_op & ~is_wait & ~ours)
     blocked = iv.union(o.start[is_coll_op | is_wait], o.end[is_coll_op | is_wait])
     compute = iv.subtract(iv.union(o.start[leaves], o.end[leaves]), blocked)
 
@@ -202,7 +226,14 @@ def cpu_activities(model: TraceModel, gloo: set[int]) -> Activities:
         "CPU-only gloo run: communication = gloo:* annotations on gloo's worker threads, found by what runs on "
         f"them (threads named {_thread_names(model, gloo)}), compute = leaf cpu_ops on the other threads (lane -1)"
     )
-    return Activities(start, end, cls, colls, lane, step_of(model, start), "cpu", [note])
+    acts = Activities(start, end, cls, colls, lane, step_of(model, start), "cpu", [note])
+    known = issuer >= 0
+    origin = np.full(len(acts), np.nan)
+    origin_thread = np.full(len(acts), -1, dtype=np.int64)
+    origin[:n_comm][known] = o.start[issuer[known]]
+    origin_thread[:n_comm][known] = o.thread[issuer[known]]
+    acts.origin, acts.origin_thread = origin, origin_thread
+    return acts
 
 
 def _thread_names(model: TraceModel, threads: set[int]) -> str:
@@ -214,19 +245,24 @@ def _thread_names(model: TraceModel, threads: set[int]) -> str:
     return ", ".join(sorted(labels))
 
 
-def _match_issuers(o, op_names: np.ndarray, comm_idx: np.ndarray, issuer_idx: np.ndarray) -> np.ndarray:
-    """Collective kind of each gloo annotation: the earliest unmatched issuing c10d op that started before it."""
+def _match_issuers(
+    o, op_names: np.ndarray, comm_idx: np.ndarray, issuer_idx: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Collective kind of each gloo annotation: the earliest unmatched issuing c10d op that started before it;
+    and that op's index in `o` (-1 when none matched)."""
     issuers = sorted(issuer_idx.tolist(), key=lambda i: o.start[i])
     out = np.empty(len(comm_idx), dtype=np.int8)
+    which = np.full(len(comm_idx), -1, dtype=np.int64)
     j = 0
     for k, ci in enumerate(comm_idx.tolist()):
         kind = None
         if j < len(issuers) and o.start[issuers[j]] <= o.start[ci]:
             kind = C.collective_from_arg(op_names[issuers[j]].split("::")[-1].rstrip("_"))
+            which[k] = issuers[j]
             j += 1
         kind = kind or C.collective_from_arg(op_names[ci].split(":", 1)[1]) or "other"
         out[k] = C.COLLECTIVES.index(kind)
-    return out
+    return out, which
 
 
 def _leaf_ops(o, candidates: np.ndarray) -> np.ndarray:

@@ -57,9 +57,10 @@ def copies(acts: Activities, mask: np.ndarray, cls: int, busy_other: iv.Interval
     return Copies(int(sel.sum()), iv.length(m), iv.length(iv.subtract(m, busy_other)))
 
 
-def analyze_model(model: TraceModel) -> RankMetrics:
-    """The metrics (the RANK object, docs/report-schema.md) of one trace."""
-    acts = activities_of(model)
+def analyze_model(model: TraceModel, acts: Activities | None = None) -> RankMetrics:
+    """The metrics (the RANK object, docs/report-schema.md) of one trace (`acts`: its `activities_of`, when the
+    caller has them already)."""
+    acts = activities_of(model) if acts is None else acts
     everything = np.ones(len(acts), dtype=bool)
     is_compute, is_comm = acts.cls == C.COMPUTE, acts.cls == C.COMM
     compute = iv.union(acts.start[is_compute], acts.end[is_compute])

@@ -11,6 +11,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, Activities, activities_of
+from overlapcheck.analysis.modules import label_of, served_by
 from overlapcheck.model import Blame, RankMetrics, Timeline, TimelineLane, TimelineStep
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
@@ -41,6 +42,8 @@ def timeline_of(model: TraceModel, rank: RankMetrics, host: Sequence[Blame] = ()
     gpu = acts.lanes == "gpu"
     nelems = model.gpu.nelems if gpu else None
     nbytes = model.gpu.nbytes if gpu else None
+    comm_idx, served, _, _, _ = served_by(model, acts)
+    module_of = {int(i): label_of(m) for i, m in zip(comm_idx.tolist(), served, strict=True)}
     names: list[str] = []
     name_index: dict[str, int] = {}
     events: list[list[object]] = []
@@ -62,6 +65,7 @@ def timeline_of(model: TraceModel, rank: RankMetrics, host: Sequence[Blame] = ()
                 int(acts.step[i]),
                 int(nelems[i]) if nelems is not None else -1,
                 int(nbytes[i]) if nbytes is not None else -1,
+                module_of.get(i),
             ]
         )
     comm, compute = acts.cls == C.COMM, acts.cls == C.COMPUTE

@@ -30,8 +30,11 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}{where}"
 
 
-def make_profiler(schedule: Schedule, with_stack: bool, on_trace_ready: Callable[[Any], None]) -> Any:
-    """A torch.profiler.profile whose step numbers are the training's step numbers (it starts at `wait`)."""
+def make_profiler(
+    schedule: Schedule, with_stack: bool, on_trace_ready: Callable[[Any], None], with_modules: bool = False
+) -> Any:
+    """A torch.profiler.profile whose step numbers are the training's step numbers (it starts at `wait`);
+    `with_modules` records module frames (with the stacks, which carry them in eager mode)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler import schedule as torch_schedule
@@ -50,7 +53,8 @@ def make_profiler(schedule: Schedule, with_stack: bool, on_trace_ready: Callable
         schedule=lambda step: base(max(0, step - offset)),
         on_trace_ready=on_trace_ready,
         record_shapes=True,
-        with_stack=with_stack,
+        with_stack=with_stack or with_modules,
+        with_modules=with_modules,
         **kwargs,
     )
     prof.step_num = offset  # name the first ProfilerStep after the training step it covers
@@ -90,8 +94,10 @@ class StepProfiler:
         with_stack: bool,
         on_state: Callable[[StepProfiler], None],
         may_write: Callable[[], bool] | None = None,
+        with_modules: bool = False,
     ):
         self.out, self.rank, self.schedule, self.with_stack = out, rank, schedule, with_stack
+        self.with_modules = with_modules
         self.on_state = on_state
         self.may_write = may_write  # False: another process owns this rank now; write no trace
         self.steps_done = 0
@@ -112,7 +118,7 @@ class StepProfiler:
     def _start(self) -> None:
         if os.environ.get(ENV_TEST_FAIL_PROFILER) == "1":
             raise InjectedFailure("profiler failure injected by OVERLAPCHECK_TEST_FAIL_PROFILER=1")
-        self._prof = make_profiler(self.schedule, self.with_stack, self._export)
+        self._prof = make_profiler(self.schedule, self.with_stack, self._export, self.with_modules)
         self._prof.start()
         self.state = "recording"
         self.on_state(self)

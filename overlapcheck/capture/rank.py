@@ -53,6 +53,12 @@ class RankCapture:
             self.ds_config = rankinfo.resolved_ds_config(engine)
         except Exception as exc:  # noqa: BLE001
             self.errors.append(f"ds_config: {one_line(exc)}")
+        try:
+            from overlapcheck.capture.modules import annotate
+
+            annotate(engine)
+        except Exception as exc:  # noqa: BLE001 - the annotations are an extra; the job goes on without them
+            self.errors.append(f"module annotations: {one_line(exc)}")
 
     def on_step(self, source: str, obj: Any) -> None:
         if self.broken or self.helper or os.getpid() != self.pid:
@@ -97,6 +103,7 @@ class RankCapture:
                 self.settings.with_stack,
                 self._on_profiler_state,
                 may_write=self._owns,
+                with_modules=self.settings.with_modules,
             )
         self.write_status()
 

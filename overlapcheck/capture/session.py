@@ -93,7 +93,9 @@ def run(
         prepare_out(out, force, join)
     except OSError as exc:
         raise UserError(f"cannot prepare the run folder: {exc.strerror or exc}", path=out) from None
-    settings_env = CaptureSettings(out, settings.schedule, settings.with_stack, settings.ranks).to_env()
+    settings_env = CaptureSettings(
+        out, settings.schedule, settings.with_stack, settings.ranks, settings.with_modules
+    ).to_env()
     env = propagation.child_env(os.environ, settings_env)
     ds_env_file = None
     if plan.kind == "deepspeed" and not plan.per_node:  # --no_ssh launches inherit the environment
@@ -246,7 +248,8 @@ def _launcher_status(plan: launchers.LaunchPlan, settings: CaptureSettings, ds_e
             "active": sch.active,
             "first_step": sch.first,
             "last_step": sch.last,
-            "with_stack": settings.with_stack,
+            "with_stack": settings.with_stack or settings.with_modules,
+            "with_modules": settings.with_modules,
             "record_shapes": True,
             "ranks": settings.ranks,
         },

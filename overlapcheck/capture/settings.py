@@ -17,9 +17,10 @@ ENV_OUT = "OVERLAPCHECK_OUT"  # run folder (absolute path)
 ENV_SCHEDULE = "OVERLAPCHECK_SCHEDULE"  # "wait,warmup,active" in optimizer steps
 ENV_WITH_STACK = "OVERLAPCHECK_WITH_STACK"  # "1" or "0"
 ENV_RANKS = "OVERLAPCHECK_RANKS"  # rank spec: "all" or "0,2,8-15"
+ENV_WITH_MODULES = "OVERLAPCHECK_WITH_MODULES"  # "1": torch.profiler with_stack and with_modules (module frames)
 ENV_DISABLE = "OVERLAPCHECK_DISABLE"  # "1": the bootstrap does nothing (helper processes)
 ENV_TEST_FAIL_PROFILER = "OVERLAPCHECK_TEST_FAIL_PROFILER"  # "1": the profiler raises (tests only)
-ENV_NAMES = (ENV_OUT, ENV_SCHEDULE, ENV_WITH_STACK, ENV_RANKS)
+ENV_NAMES = (ENV_OUT, ENV_SCHEDULE, ENV_WITH_STACK, ENV_RANKS, ENV_WITH_MODULES)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class CaptureSettings:
     schedule: Schedule
     with_stack: bool = False
     ranks: str = "all"
+    with_modules: bool = False  # module frames (`nn.Module: ...`): with_stack and with_modules on the profiler
 
     def wants(self, rank: int) -> bool:
         """Whether `rank` is one of the ranks to profile."""
@@ -131,6 +133,7 @@ class CaptureSettings:
             ENV_SCHEDULE: self.schedule.encode(),
             ENV_WITH_STACK: "1" if self.with_stack else "0",
             ENV_RANKS: self.ranks,
+            ENV_WITH_MODULES: "1" if self.with_modules else "0",
         }
 
     @classmethod
@@ -144,4 +147,5 @@ class CaptureSettings:
             schedule=Schedule.decode(env.get(ENV_SCHEDULE, Schedule().encode())),
             with_stack=env.get(ENV_WITH_STACK) == "1",
             ranks=env.get(ENV_RANKS, "all"),
+            with_modules=env.get(ENV_WITH_MODULES) == "1",
         )

@@ -57,6 +57,12 @@ class _RunCommand(click.Command):
     help="Record steps FIRST..LAST (inclusive) instead of --wait/--warmup/--active.",
 )
 @click.option("--with-stack/--no-stack", default=False, help="Record Python call stacks (bigger traces).")
+@click.option(
+    "--with-modules",
+    is_flag=True,
+    help="Record module frames (torch.profiler with_stack and with_modules): per-module attribution without "
+    "DeepSpeed's hooks, and of the forward pass's module hierarchy (bigger traces).",
+)
 @click.option("--ranks", default="all", help="Ranks to profile: all, or a list like 0,3,8-15.")
 @click.option("--force", is_flag=True, help="Replace the run files in an existing run folder.")
 @click.option(
@@ -75,6 +81,7 @@ def command(
     active: int | None,
     steps: str | None,
     with_stack: bool,
+    with_modules: bool,
     ranks: str,
     force: bool,
     summary_timeout: float,
@@ -98,7 +105,13 @@ def command(
             active=default.active if active is None else active,
         )
     parse_ranks(ranks)  # validate early
-    settings = CaptureSettings(out=out or session.default_out(), schedule=schedule, with_stack=with_stack, ranks=ranks)
+    settings = CaptureSettings(
+        out=out or session.default_out(),
+        schedule=schedule,
+        with_stack=with_stack or with_modules,
+        ranks=ranks,
+        with_modules=with_modules,
+    )
     code = session.run(argv, settings, force=force, out_given=out is not None, summary_timeout=summary_timeout)
     sys.exit(supervisor.exit_like(code))
 

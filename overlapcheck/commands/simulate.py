@@ -28,6 +28,12 @@ from overlapcheck.errors import UserError
     type=click.Choice(["default", "ds013"]),
     help="How the traces are written: ds013 = DeepSpeed 0.13.3 + torch 1.13.1 + NCCL 2.14 (DS #5201's stack).",
 )
+@click.option(
+    "--module-frames",
+    is_flag=True,
+    default=None,
+    help="Write nn.Module frames and overlapcheck run's module annotations, with the per-module truth.",
+)
 @click.option("--force", is_flag=True, help="Overwrite a non-empty output directory.")
 def command(scenario: str, out: Path | None, list_presets: bool, force: bool, **options) -> None:
     """Simulate a DeepSpeed ZeRO-3 job: one Kineto trace per rank, truth.json and ds_config.json.

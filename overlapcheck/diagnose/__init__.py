@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.coverage import coverage
 from overlapcheck.diagnose.facts.signature import collective_signature, per_collective
 from overlapcheck.diagnose.facts.view import RankFacts
@@ -20,30 +22,43 @@ from overlapcheck.job import JobContext
 from overlapcheck.model import SEVERITIES, Blame, CollectiveSignature, Finding, Fix, RankMetrics, RankResult
 from overlapcheck.trace.model import TraceModel
 
+if TYPE_CHECKING:
+    from overlapcheck.analysis.modules import ModuleIndex
+
 
 def diagnose_rank(
-    model: TraceModel, metrics: RankMetrics, job: JobContext
+    model: TraceModel, metrics: RankMetrics, job: JobContext, modules: ModuleIndex | None = None
 ) -> tuple[list[Finding], CollectiveSignature | None]:
     """The findings on one rank's trace (severity against that rank's own step), and its collective signature
-    for the cross-rank rules."""
+    for the cross-rank rules. `modules`: the rank's collectives and the modules they serve, to name the modules
+    a finding's windows hold (`evidence.modules`)."""
     findings, signature = _diagnose(RankFacts(model, metrics, job))
-    return _without_covers(findings), signature
+    return _without_covers(findings, modules), signature
 
 
 def diagnose_rank_located(
-    model: TraceModel, metrics: RankMetrics, job: JobContext
+    model: TraceModel, metrics: RankMetrics, job: JobContext, modules: ModuleIndex | None = None
 ) -> tuple[list[Finding], CollectiveSignature | None, list[Blame]]:
     """`diagnose_rank`, plus the host events each finding blames (for the timelines: diagnose/locate.py)."""
     from overlapcheck.diagnose.locate import blamed_events
 
     facts = RankFacts(model, metrics, job)
     findings, signature = _diagnose(facts)
-    return _without_covers(findings), signature, blamed_events(facts, findings)
+    return _without_covers(findings, modules), signature, blamed_events(facts, findings)
 
 
-def _without_covers(findings: list[Finding]) -> list[Finding]:
-    """The findings as they leave the rank: the windows they charge stay in the worker (facts/coverage.py)."""
-    return [dataclasses.replace(f, covers=None) for f in findings]
+def _without_covers(findings: list[Finding], modules: ModuleIndex | None = None) -> list[Finding]:
+    """The findings as they leave the rank: the windows they charge stay in the worker (facts/coverage.py). With
+    `modules`, a finding whose windows hold exposed collectives of named modules names them, most exposed first
+    (`evidence.modules`: docs/rules.md, How a finding is built)."""
+    out = []
+    for f in findings:
+        named = []
+        if modules is not None and isinstance(f.covers, iv.Intervals) and len(f.covers):
+            named = modules.named_in(f.covers, f.cost_us)
+        evidence = {**f.evidence, "modules": named} if named else f.evidence
+        out.append(dataclasses.replace(f, covers=None, evidence=evidence))
+    return out
 
 
 def _diagnose(facts: RankFacts) -> tuple[list[Finding], CollectiveSignature | None]:

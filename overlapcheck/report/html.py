@@ -105,6 +105,7 @@ def build_view(report: Report, perfetto: str | None = None) -> dict[str, Any]:
         "collectives": collective_bars(report),
         "crossrank": crossrank(report),
         "bandwidth": bandwidth_view(report),
+        "modules": modules_view(report),
         "findings": [finding_view(f) for f in report.findings],
         "n_costly": n_costly,
         "shown_findings": shown,  # indices into findings, in report order: cards
@@ -328,6 +329,71 @@ def _bytes_label(n: float) -> str:
 # ------------------------------------------------------------------------------------------ findings
 
 
+MAX_MODULE_NODES = 2_000  # modules in the HTML table (the most exposed first; their ancestors come with them)
+
+
+def modules_view(report: Report) -> dict[str, Any] | None:
+    """The module table: a tree by path (`layers.3.attn` under `layers.3` under `layers`; a frame chain
+    `Net_0.Linear_1` likewise), each node with its own and its subtree's exposed and hidden ms per rank and step,
+    and its rows per collective and phase; the unattributed time as one row. None without MODULES."""
+    m = report.modules
+    if m is None:
+        return None
+    per = m.rank_steps or m.ranks or 1
+    root: dict[str, Any] = {"children": {}}
+    unattributed = {"exposed": 0.0, "hidden": 0.0, "count": 0}
+    named = [r for r in m.rows if r.module is not None]
+    keep = {r.module for r in named[:MAX_MODULE_NODES]}
+    for r in m.rows:
+        if r.module is None or r.module not in keep:
+            unattributed["exposed"] += r.exposed_us / per
+            unattributed["hidden"] += r.hidden_us / per
+            unattributed["count"] += r.count
+            continue
+        parts = r.module.split(".") if not r.module.endswith(": forward") else [r.module]
+        node = root
+        for i in range(len(parts)):
+            path = ".".join(parts[: i + 1])
+            node = node["children"].setdefault(
+                parts[i],
+                {
+                    "name": parts[i],
+                    "path": path,
+                    "cls": None,
+                    "children": {},
+                    "rows": [],
+                    "exposed": 0.0,
+                    "hidden": 0.0,
+                },
+            )
+            node["exposed"] += r.exposed_us / per
+            node["hidden"] += r.hidden_us / per
+        node["cls"] = r.cls
+        node["rows"].append(
+            {
+                "kind": P.KIND_LABELS.get(r.kind, r.kind),
+                "phase": r.phase or "-",
+                "source": r.source,
+                "count": r.count / per,
+                "exposed": r.exposed_us / per,
+                "hidden": r.hidden_us / per,
+            }
+        )
+
+    def ordered(node: dict[str, Any]) -> list[dict[str, Any]]:
+        out = sorted(node["children"].values(), key=lambda n: (-n["exposed"], n["name"]))
+        for child in out:
+            child["children"] = ordered(child)
+        return out
+
+    return {
+        "tree": ordered(root),
+        "unattributed": unattributed if unattributed["count"] else None,
+        "caption": P.module_caption(report),
+        "notes": list(m.notes),
+    }
+
+
 def finding_view(f: Finding) -> dict[str, Any]:
     """A finding with its evidence flattened for display and its fix as ds_config patch and shell lines."""
     fix = f.fix
@@ -396,7 +462,7 @@ def pack_timeline(rank: int, tl: Timeline, budget: int, findings: list[Finding] 
     lanes_in = sorted(tl.lanes, key=lambda ln: LANE_ORDER.get(ln.kind, 9))
     lane_pos = {ln.id: i for i, ln in enumerate(lanes_in)}
     names_in = tl.names
-    rows: list[tuple[int, float, float, str, int | None, int, int]] = []
+    rows: list[tuple[int, float, float, str, int | None, int, int, str | None]] = []
     for ev in tl.events:
         if len(ev) < 4 or ev[0] not in lane_pos:
             continue
@@ -404,7 +470,8 @@ def pack_timeline(rank: int, tl: Timeline, budget: int, findings: list[Finding] 
         if start is None or dur is None or dur < 0:
             continue
         name = ev[4] if len(ev) > 4 and isinstance(ev[4], int) and 0 <= ev[4] < len(names_in) else None
-        rows.append((lane_pos[ev[0]], start, dur, str(ev[3]), name, _size(ev, 7), _size(ev, 6)))
+        module = ev[8] if len(ev) > 8 and isinstance(ev[8], str) else None
+        rows.append((lane_pos[ev[0]], start, dur, str(ev[3]), name, _size(ev, 7), _size(ev, 6), module))
     omitted = 0
     if len(rows) > budget:
         rows.sort(key=lambda e: (not e[3].startswith("comm"), -e[2]))
@@ -426,12 +493,18 @@ def pack_timeline(rank: int, tl: Timeline, budget: int, findings: list[Finding] 
             "n": [],
             "b": [],
             "e": [],
+            "m": [],
             "maxd": 0.0,
         }
         for ln in lanes_in
     ]
     end = 0.0
-    for lane, start, dur, cls, name, nbytes, nelems in rows:
+    modules: list[str] = []
+    module_idx: dict[str, int] = {}
+    for lane, start, dur, cls, name, nbytes, nelems, module in rows:
+        if module is not None and module not in module_idx:
+            module_idx[module] = len(modules)
+            modules.append(module)
         if cls not in class_idx:
             class_idx[cls] = len(classes)
             classes.append(cls)
@@ -445,6 +518,7 @@ def pack_timeline(rank: int, tl: Timeline, budget: int, findings: list[Finding] 
         out["n"].append(name_idx.get(name, -1) if name is not None else -1)
         out["b"].append(nbytes)
         out["e"].append(nelems)
+        out["m"].append(module_idx[module] if module is not None else -1)
         out["maxd"] = max(out["maxd"], round(dur, 3))
         end = max(end, start + dur)
     exposed: list[float] = []
@@ -492,6 +566,7 @@ def pack_timeline(rank: int, tl: Timeline, budget: int, findings: list[Finding] 
         "lanes": lanes,
         "classes": classes,
         "names": names,
+        "modules": modules,
         "exposed": exposed,
         "end": round(end, 3),
         "n": len(rows),

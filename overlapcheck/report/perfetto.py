@@ -210,6 +210,8 @@ def _rank_events(
             args["nelems"] = ev[6]
         if len(ev) > 7 and ev[7] >= 0:
             args["bytes"] = ev[7]
+        if len(ev) > 8 and isinstance(ev[8], str):
+            args["module"] = P.safe_line(ev[8])
         text = tl.names[name] if isinstance(name, int) and 0 <= name < len(tl.names) else cls
         out.append(_slice(pid, tids.get(lane, 0), text, cls, ts(start), dur, args))
 

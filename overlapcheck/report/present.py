@@ -527,3 +527,61 @@ __all__ = [
     "verdict",
     "worst_first",
 ]
+
+
+# -- per module ----------------------------------------------------------------------------------------------
+
+MAX_MODULE_ROWS = 8  # modules listed in the terminal (most exposed first)
+MODULE_COLUMNS = ("module", "collective", "phase", "count/step", "exposed ms/step", "hidden ms/step", "from")
+
+
+def module_rows(report: Report, limit: int = MAX_MODULE_ROWS) -> list[dict[str, str]]:
+    """The most exposed (module, collective, phase) rows that name a module, per rank and step; [] when no row
+    names one."""
+    m = report.modules
+    if m is None:
+        return []
+    per = m.rank_steps or m.ranks or 1
+    out = []
+    for r in [r for r in m.rows if r.module is not None][:limit]:
+        module = r.module or ""
+        name = module if r.cls is None or module.rsplit(".", 1)[-1].startswith(r.cls) else f"{module} ({r.cls})"
+        out.append(
+            {
+                "module": safe_line(name),
+                "collective": KIND_LABELS.get(r.kind, r.kind),
+                "phase": r.phase or "-",
+                "count/step": f"{r.count / per:.3g}",
+                "exposed ms/step": ms(r.exposed_us / per),
+                "hidden ms/step": ms(r.hidden_us / per),
+                "from": r.source,
+            }
+        )
+    return out
+
+
+def finding_modules_line(f: Finding) -> str | None:
+    """'modules: embed 2.47 ms, layers.0 1.99 ms': the modules whose exposed collectives a finding explains, with
+    their part of its cost per step (evidence.modules); None when it names none."""
+    named = f.evidence.get("modules")
+    if not isinstance(named, list) or not named:
+        return None
+    parts = []
+    for m in named:
+        if isinstance(m, dict) and isinstance(m.get("module"), str) and isinstance(m.get("cost_us"), int | float):
+            parts.append(f"{safe_line(m['module'])} {ms(float(m['cost_us']))} ms")
+    return "modules: " + ", ".join(parts) if parts else None
+
+
+def module_caption(report: Report) -> str | None:
+    """What the module table covers: the share of communication time with a module, and how many rows are left."""
+    m = report.modules
+    if m is None:
+        return None
+    total = sum(r.time_us for r in m.rows)
+    named = [r for r in m.rows if r.module is not None]
+    share = sum(r.time_us for r in named) / total if total > 0 else 0.0
+    text = f"{pct(share)} of the communication time is attributed to a module; a shared bucket's time is split evenly"
+    if len(named) > MAX_MODULE_ROWS:
+        text += f"; {len(named) - MAX_MODULE_ROWS} more rows in the JSON report (modules)"
+    return text

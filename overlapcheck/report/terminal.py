@@ -63,6 +63,8 @@ class TerminalRenderer:
         out += [Text(f"capture: {P.safe_line(note)}", style="bold yellow") for note in P.capture_notes(report)]
         if report.ranks:
             out += [_collective_table(report), _rank_table(report)]
+            if modules := _module_table(report):
+                out.append(modules)
             if line := P.outside_steps_line(report):
                 out.append(Text(P.safe_line(line)))
             if line := P.bandwidth_line(report):
@@ -70,6 +72,7 @@ class TerminalRenderer:
         if report.findings:
             out.append(_findings(report))
         out += [Text(f"note: {P.safe(note)}", style="yellow") for note in report.notes or []]
+        out += [Text(f"note: {P.safe(note)}", style="dim") for note in (report.modules.notes if report.modules else [])]
         for note in sorted({note for r in report.ranks for note in r.notes}):
             out.append(Text(f"note: {P.safe(note)}", style="dim"))
         for err in report.errors if self.errors else []:
@@ -127,6 +130,19 @@ def _rank_table(report: Report) -> Table:
     return table
 
 
+def _module_table(report: Report) -> Table | None:
+    rows = P.module_rows(report)
+    if not rows:
+        return None
+    table = Table(title="Per module, most exposed first (per rank and step)", title_justify="left")
+    for col in P.MODULE_COLUMNS:
+        table.add_column(col, justify="left" if col in ("module", "collective", "phase", "from") else "right")
+    for row in rows:
+        table.add_row(*(row[col] for col in P.MODULE_COLUMNS))
+    table.caption = P.module_caption(report)
+    return table
+
+
 def _findings(report: Report) -> Panel:
     parts: list[RenderableType] = []
     shown, folded = P.costly(report)
@@ -148,5 +164,7 @@ def _finding(i: int, f: Finding) -> list[RenderableType]:
     out: list[RenderableType] = [head]
     if f.why:
         out.append(Text("   " + P.safe_line(f.why)))
+    if line := P.finding_modules_line(f):
+        out.append(Text("   " + line, style="cyan"))
     out += [Text(f"   fix: {line}", style="green") for line in P.fix_lines(f.fix)]
     return out

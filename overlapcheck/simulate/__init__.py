@@ -10,7 +10,7 @@ from overlapcheck.errors import UserError
 from overlapcheck.simulate.config import LATE_FIELDS, SimConfig
 from overlapcheck.simulate.scenarios import CAUSES, INHERENT, build_config
 from overlapcheck.simulate.sim import BASE_TIME_NS, TS_ORIGIN_US, simulate
-from overlapcheck.simulate.truth import bandwidth_truth, mean_step_time, set_truth
+from overlapcheck.simulate.truth import bandwidth_truth, mean_step_time, module_truth, set_truth
 from overlapcheck.simulate.writer import write_json, write_trace
 
 TRUTH_SCHEMA = "overlapcheck.truth/1"
@@ -82,6 +82,8 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
         "ranks": ranks,
         "bandwidth": bandwidth_truth(result),
     }
+    if cfg.module_frames:  # docs/simulator.md, Module frames
+        doc["modules"] = {str(run.rank): module_truth(run) for run in result.ranks}
     return result, doc
 
 

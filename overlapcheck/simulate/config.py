@@ -65,6 +65,7 @@ LATE_FIELDS = (
     "layout",
     "offload_param",
     "offload_param_pin_memory",
+    "module_frames",
 )
 # how the trace files are written (docs/simulator.md, Layouts): "default" follows the versions' own switches;
 # "ds013" writes what DeepSpeed 0.13.3 + torch 1.13.1 + NCCL 2.14 wrote (DS #5201's stack)
@@ -118,6 +119,9 @@ class SimConfig:
     host_delay_us: float = 0.0
     user_wait_stream: bool = False  # a user grad hook: current_stream().wait_stream(reduce stream) per gradient
     backward_host_us: float = 0.0  # extra Python time per hooked module in backward (deep module trees)
+    # nn.Module frames in the forward pass and the module annotations of `overlapcheck run` (capture/modules.py),
+    # at no host cost (the timeline is that of the set without them), with the per-module truth
+    module_frames: bool = False
     layout: str = "default"  # one of LAYOUTS
     offload_param: bool = False  # zero_optimization.offload_param to CPU: each gather copies its shard to the GPU
     offload_param_pin_memory: bool = False  # its pin_memory: pinned copies run asynchronously

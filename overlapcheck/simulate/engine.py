@@ -53,6 +53,7 @@ class GpuOp:
     collective: str | None = None  # reduce_scatter | all_gather | all_reduce for comm ops
     start: float | None = None
     end: float | None = None
+    modules: tuple[str, ...] = ()  # the modules a collective serves (module_frames): its truth
 
     @property
     def start_time(self) -> float:

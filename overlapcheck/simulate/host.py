@@ -125,6 +125,29 @@ class Host:
         return self.cpu_op(name, cat="user_annotation", cost=1.0)
 
     @contextmanager
+    def marks(self, cat: str, *names: str) -> Iterator[None]:
+        """Nested ranges of `cat` (python_function frames, or user_annotation ranges) that take no host time and
+        leave the jitter sequence alone, so the timeline is the one without them (module frames)."""
+        stack = self._py_stack.setdefault(self.tid, [])
+        opened = []
+        for name in names:
+            args: dict[str, Any] = {}
+            if cat == "python_function":
+                self._pyid += 1
+                args = {"Python parent id": stack[-1] if stack else None, "Python id": self._pyid}
+                stack.append(self._pyid)
+            ev = CpuEvent(cat, name, self.tid, self.t, 0.0, args)
+            self.cpu.append(ev)
+            opened.append(ev)
+        try:
+            yield
+        finally:
+            for ev in reversed(opened):
+                if cat == "python_function":
+                    stack.pop()
+                ev.dur = self.t - ev.ts
+
+    @contextmanager
     def frames(self, *names: str) -> Iterator[None]:
         """Nested python_function frames, outermost first."""
         stack = self._py_stack.setdefault(self.tid, [])

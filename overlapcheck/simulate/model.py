@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 
 from overlapcheck.simulate.collectives import DTYPE_BYTES, Fabric, ProcessGroup, launch_collective
 from overlapcheck.simulate.config import SimConfig
@@ -83,6 +83,21 @@ class RankStep:
         self.autograd_seq = 0
 
     # -- helpers ----------------------------------------------------------------------------
+    def _path(self, module: int) -> str:
+        """A module's path in the model (`named_modules`): the embedding, then the blocks."""
+        return "embed" if module == 0 else f"layers.{module - 1}"
+
+    def _label(self, module: int) -> str:
+        """`<path> (<class>)`, as the capture's annotations name a module (capture/modules.py)."""
+        return f"{self._path(module)} ({'Embedding' if module == 0 else 'Block'})"
+
+    def _module_of(self, param: str) -> int:
+        return 0 if param.startswith("embed.") else int(param.split(".")[1]) + 1
+
+    def _mark(self, cat: str, *names: str) -> AbstractContextManager[None]:
+        """Module frames and annotations (cfg.module_frames), at no host cost; nothing otherwise."""
+        return self.host.marks(cat, *names) if self.cfg.module_frames else nullcontext()
+
     def _numel(self, module: int) -> int:
         return sum(n for _, n in self.modules[module])
 
@@ -151,11 +166,13 @@ class RankStep:
         numel = self._numel(module) // self.cfg.world_size
         if self.cfg.offload_param:
             yield from self._offload_copy(numel)
-        with self.host.frames(*self.fr.all_gather()):
+        params = "overlapcheck.params: " + self._label(module)  # __all_gather_params, as the capture wraps it
+        with self.host.frames(*self.fr.all_gather()), self._mark("user_annotation", params):
             self.host.spend(60.0 + 15.0 * len(self.modules[module]), "allgather-prep")
             op = yield from self.collective(
                 "all_gather", self.ag_pg, numel, "bf16", self.ag_stream, True, (), self.fr.all_gather_tail()
             )
+        op.modules = (self._path(module),)
         self.inflight[module] = op
 
     def _offload_copy(self, numel: int) -> Step:
@@ -176,7 +193,8 @@ class RankStep:
 
     def fetch(self, module: int, order: list[int]) -> Step:
         host = self.host
-        with host.frames(*self.fr.fetch()):
+        fetch = "overlapcheck.module: " + self._label(module)  # fetch_sub_module, as the capture wraps it
+        with host.frames(*self.fr.fetch()), self._mark("user_annotation", fetch):
             host.spend(120.0 + 20.0 * len(self.modules[module]), "fetch")  # coordinator bookkeeping
             if module not in self.available and module not in self.inflight:
                 yield from self._all_gather(module)
@@ -211,7 +229,8 @@ class RankStep:
         """The AccumulateGrad hook of one parameter."""
         host = self.host
         with host.cpu_op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", cost=4.0):
-            with host.frames(*self.fr.grad_hook()):
+            hook = "overlapcheck.grad: " + self._label(self._module_of(name))
+            with host.frames(*self.fr.grad_hook()), self._mark("user_annotation", hook):
                 host.spend(50.0, "grad-hook")
                 if self.bucket and sum(n for _, n in self.bucket) + numel > self.cfg.reduce_bucket_size:
                     yield from self.flush()
@@ -251,7 +270,7 @@ class RankStep:
                 size = DTYPE_BYTES[dtype]
                 self.elementwise("aten::cat", "cat", elements * size * 2, self.reduce_stream)
                 self.elementwise("aten::div_", "div", elements * size * 2, self.reduce_stream)
-                yield from self.collective(
+                op = yield from self.collective(
                     "reduce_scatter",
                     self.rs_pg,
                     elements,
@@ -261,6 +280,7 @@ class RankStep:
                     (),
                     self.fr.reduce_scatter_tail(),
                 )
+                op.modules = tuple(dict.fromkeys(self._path(self._module_of(n)) for n, _ in self.bucket))
             with host.frames(*self.fr.partition_grads()):
                 part = elements // world
                 if cfg.offload_optimizer:
@@ -279,15 +299,18 @@ class RankStep:
         host, m = self.host, self.m
         t, h = m.tokens, m.hidden
         order = list(range(len(self.modules)))
-        with host.frames(*self.fr.engine_forward()):
+        model = ("nn.Module: DeepSpeedEngine_0",)
+        with self._mark("python_function", *model), host.frames(*self.fr.engine_forward()):
             for mod in order:
-                with host.frames(*self.fr.pre_forward_hook()):
-                    yield from self.fetch(mod, order)
-                host.spend(80.0, "module-forward")
-                if mod == 0:
-                    self.elementwise("aten::embedding", "embedding", t * h * 4)
-                else:
-                    self.block_forward()
+                frame = "nn.Module: " + ("Embedding_0" if mod == 0 else f"Block_{mod - 1}")
+                with self._mark("python_function", frame):
+                    with host.frames(*self.fr.pre_forward_hook()):
+                        yield from self.fetch(mod, order)
+                    host.spend(80.0, "module-forward")
+                    if mod == 0:
+                        self.elementwise("aten::embedding", "embedding", t * h * 4)
+                    else:
+                        self.block_forward()
                 if mod != order[-1]:
                     self.available.discard(mod)  # released after use (the last block is reused at once)
             self.elementwise("aten::_log_softmax", "cross_entropy", t * m.vocab * 0.05)

@@ -206,6 +206,52 @@ def _outside(
     }
 
 
+def module_truth(run: RankRun) -> dict[str, dict[str, Any]]:
+    """Per module, collective kind and phase (docs/metrics.md, Per module), keyed `<module>|<kind>|<phase>` (an
+    empty module or phase: none): the collectives that serve it, by the simulator's own record of which modules
+    each one serves (the gathered module; a bucket's modules, its time split evenly), their time, and the
+    hidden and exposed µs against the rank's compute."""
+    acts = []
+    for op in run.gpu:
+        ts, dur = run.span(op.start_time, op.end_time)
+        acts.append((op, ts, ts + dur, run.ts(op.launch_ts)))
+    compute = merge([(s, e) for op, s, e, _ in acts if op.cls == "compute"])
+    autograd = [
+        run.span(ev.ts, ev.ts + ev.dur) for ev in run.cpu if ev.cat == "cpu_op" and ev.name.startswith(BACKWARD_OP)
+    ]
+    marks = sorted(
+        run.span(ev.ts, ev.ts + ev.dur)
+        for ev in run.cpu
+        if ev.cat == "user_annotation" and ev.name.startswith("ProfilerStep#")
+    )
+    windows = []
+    for ts, dur in marks:
+        inside = [(a, a + d) for a, d in autograd if ts <= a <= ts + dur]
+        windows.append((min(s for s, _ in inside), max(e for _, e in inside)) if inside else None)
+    out: dict[str, dict[str, Any]] = {}
+    for op, s, e, launch in acts:
+        if op.cls != "comm":
+            continue
+        phase = ""
+        for (ts, dur), window in zip(marks, windows, strict=True):
+            if ts <= launch <= ts + dur:
+                if window is not None:
+                    lo, hi = window
+                    phase = PHASES[0] if launch < lo else PHASES[1] if launch <= hi else PHASES[2]
+                break
+        mods = op.modules or ("",)
+        hidden = length(intersect([(s, e)], compute)) if e > s else 0.0
+        for m in mods:
+            row = out.setdefault(f"{m}|{op.collective}|{phase}", {"count": 0, "time_us": 0.0, "hidden_us": 0.0})
+            row["count"] += 1
+            row["time_us"] += (e - s) / len(mods)
+            row["hidden_us"] += hidden / len(mods)
+    for row in out.values():
+        row["exposed_us"] = _r(row["time_us"] - row["hidden_us"])
+        row["time_us"], row["hidden_us"] = _r(row["time_us"]), _r(row["hidden_us"])
+    return dict(sorted(out.items()))
+
+
 def set_truth(result: SimResult, sources: list[str]) -> list[dict[str, Any]]:
     ranks = []
     for run, source in zip(result.ranks, sources, strict=True):

@@ -125,7 +125,8 @@ class CallSites:
                 site = next((f for f in names if is_site(f)), useful[0] if useful else names[0])
                 self._sites[key] = (short_frame(site), [short_frame(f) for f in useful[:12]])
             else:
-                ops = [op for op in names if not op.startswith("ProfilerStep#")]
+                # nor overlapcheck run's module ranges (capture/modules.py): one call site, whichever module's hook
+                ops = [op for op in names if not op.startswith(("ProfilerStep#", "overlapcheck."))]
                 self._sites[key] = (" < ".join(ops[:3]) if ops else None, ops[:12])
         return self._sites[key]
 

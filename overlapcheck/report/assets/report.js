@@ -225,7 +225,9 @@
           lastPx = col; lastC = lane.c[j]; kw = 1;
         }
         ctx.fillStyle = config.classColors[tl.classes[lane.c[j]]] || '#9aa5b1';
+        ctx.globalAlpha = highlight === null || servesHighlight(lane, j) ? 1 : 0.15;
         ctx.fillRect(kx, y0, kw, h);
+        ctx.globalAlpha = 1;
         if (kw > 3) { ctx.fillStyle = 'rgba(255,255,255,0.35)'; ctx.fillRect(kx + kw - 1, y0, 1, h); }
       }
     }
@@ -302,6 +304,17 @@
     draw();
   }
 
+  var highlight = null;  /* a module path from the module table: its collectives drawn, the rest faded */
+  function servesHighlight(lane, j) {
+    if (!lane.m || lane.m[j] < 0 || !tl.modules) return false;
+    var names = tl.modules[lane.m[j]].split('; ');
+    for (var i = 0; i < names.length; i++) {
+      var n = names[i];
+      if (n === highlight || n.indexOf(highlight + '.') === 0) return true;
+    }
+    return false;
+  }
+
   function stepOf(t) {
     var steps = tl.steps || [];
     for (var i = 0; i < steps.length; i++) if (steps[i].start <= t && t < steps[i].end) return steps[i];
@@ -358,8 +371,11 @@
     var size = [];
     if (lane.b && lane.b[found] >= 0) size.push(fmtBytes(lane.b[found]));
     if (lane.e && lane.e[found] >= 0) size.push(lane.e[found].toLocaleString() + ' elements');
+    var more = [];
+    if (size.length) more.push('size ' + size.join(', '));
+    if (lane.m && lane.m[found] >= 0 && tl.modules) more.push('module ' + tl.modules[lane.m[found]]);
     return {name: lane.n[found] >= 0 ? tl.names[lane.n[found]] : '(unnamed)', meta: meta,
-      more: size.length ? 'size ' + size.join(', ') : undefined};
+      more: more.length ? more.join(' · ') : undefined};
   }
 
   function showTip(ev) {
@@ -426,6 +442,18 @@
     b.addEventListener('click', function () {
       setRank(b.getAttribute('data-rank'), b.getAttribute('data-step'));
       document.getElementById('timeline').scrollIntoView();
+    });
+  });
+  document.querySelectorAll('button[data-module]').forEach(function (b) {
+    b.addEventListener('click', function (ev) {
+      ev.preventDefault();  /* inside a <summary>: do not fold the module */
+      var path = b.getAttribute('data-module');
+      highlight = highlight === path ? null : path;
+      document.querySelectorAll('button[data-module]').forEach(function (o) {
+        o.classList.toggle('active', o.getAttribute('data-module') === highlight);
+      });
+      draw();
+      if (highlight !== null) document.getElementById('timeline').scrollIntoView();
     });
   });
   window.addEventListener('resize', resize);
