@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ def shared_traces() -> Path:
 @pytest.fixture(autouse=True)
 def _no_color(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", os.environ.get("COLUMNS", "120"))
+    monkeypatch.setenv("COLUMNS", "120")  # never the terminal's (xdist's workers say 80): outputs as in CI
 
 
 # Tests that start processes of their own which must not run beside each other's (real DeepSpeed / torchrun
