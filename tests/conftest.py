@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,4 +20,19 @@ def shared_traces() -> Path:
 @pytest.fixture(autouse=True)
 def _no_color(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", os.environ.get("COLUMNS", "120"))
+    monkeypatch.setenv("COLUMNS", "120")  # never the terminal's (xdist's workers say 80): outputs as in CI
+
+
+# Tests that start processes of their own which must not run beside each other's (real DeepSpeed / torchrun
+# jobs with their rendezvous, Dask clusters, a browser) run in one xdist worker each, one after the other; the
+# rest spread over the workers (`-n auto --dist loadgroup`, pyproject.toml).
+_SERIAL_GROUPS = {"launcher": "launcher", "browser": "browser", "hta": "hta"}
+_SERIAL_MODULES = {"test_dask": "dask", "test_capture_launch": "launcher"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = next((g for mark, g in _SERIAL_GROUPS.items() if item.get_closest_marker(mark)), None)
+        group = group or _SERIAL_MODULES.get(item.module.__name__ if item.module else "")
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

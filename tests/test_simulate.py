@@ -375,3 +375,9 @@ def test_cli_rejects_unknown_scenario_and_bad_versions(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["simulate", "--torch-version", "latest", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "latest" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_generate_says_what_it_is_doing(tmp_path):
+    lines: list[str] = []
+    generate("healthy", tmp_path / "s", nodes=1, gpus_per_node=2, costs=False, progress=lines.append)
+    assert lines == ["simulating 2 ranks", "wrote 2 of 2 rank traces"]

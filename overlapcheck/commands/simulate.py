@@ -53,7 +53,15 @@ def command(scenario: str, out: Path | None, list_presets: bool, force: bool, **
         return
     if out is None:
         raise UserError("--out DIR is required (or --list)")
-    truth = generate(scenario, out, force=force, **options)
+    import sys
+
+    def progress(line: str) -> None:  # on a terminal only: logs and pipes get the result lines alone
+        if sys.stderr.isatty():
+            click.echo(f"\r\033[K{line}", err=True, nl=False)
+
+    truth = generate(scenario, out, force=force, progress=progress, **options)
+    if sys.stderr.isatty():
+        click.echo("\r\033[K", err=True, nl=False)
     # cost: the step time of this job minus that of the same job without the effect (a counterfactual run)
     causes = ", ".join(f"{c['rule']} ({c['cost_us'] / 1000:.2f} ms/step)" for c in truth["causes"]) or "none"
     click.echo(f"wrote {len(truth['ranks'])} rank traces, truth.json and ds_config.json to {out}")

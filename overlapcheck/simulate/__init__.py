@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -118,8 +119,17 @@ def _job(cfg: SimConfig) -> dict[str, Any]:
     }
 
 
-def generate(scenario: str, out: Path, force: bool = False, costs: bool = True, **options: Any) -> dict[str, Any]:
-    """Write the trace set of `scenario` into `out`; returns the truth document."""
+def generate(
+    scenario: str,
+    out: Path,
+    force: bool = False,
+    costs: bool = True,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Write the trace set of `scenario` into `out`; returns the truth document. `progress(line)` hears what it
+    is doing (the simulation and its counterfactuals, then the writing)."""
+    say = progress or (lambda line: None)
     cfg, causes = build_config(scenario, **options)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory")
@@ -129,9 +139,12 @@ def generate(scenario: str, out: Path, force: bool = False, costs: bool = True, 
     if force:
         for old in out.glob("rank*.trace.json.gz"):
             old.unlink()
+    say(f"simulating {cfg.world_size} ranks" + (", and the job without each effect (the costs)" if costs else ""))
     result, truth = truth_document(cfg, causes, costs)
-    for run in result.ranks:
+    for i, run in enumerate(result.ranks):
         write_trace(cfg, run, out / trace_name(run.rank))
+        if i % 8 == 7 or i == len(result.ranks) - 1:
+            say(f"wrote {i + 1} of {len(result.ranks)} rank traces")
     write_json(out / "ds_config.json", ds_config_document(cfg))
     write_json(out / "truth.json", truth)
     return truth
