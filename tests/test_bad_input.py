@@ -31,7 +31,7 @@ def good_trace(folder: Path, rank: int) -> Path:
     "name,content,message",
     [
         ("rank0.json", b"", "empty file"),
-        ("rank0.json.gz", gzip.compress(b'{"traceEvents": [{"ph": "X"}]}')[:-12], "truncated gzip"),
+        ("rank0.json.gz", gzip.compress(b'{"traceEvents": [{"ph": "X"}]}', mtime=0)[:-12], "truncated gzip"),
         ("rank0.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "du', "truncated JSON"),
         ("rank0.json", b'{"traceEvents": [{"ph": "X", "ts": 1}, {"ph": ', "truncated JSON"),
         ("rank0.json", b'{"hello": "world", "list": [1, 2]}', "not a trace"),

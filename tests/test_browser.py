@@ -306,13 +306,16 @@ def test_rank_and_step_pickers_and_host_lane(driver, tmp_path):
         x = 150 + (t - v0) / (v1 - v0) * (width - 150 - 6)
         return int(x - width / 2), int(26 + 26 * row + 13 - height / 2)
 
-    def hover(t: float, row: int):
+    def hover(t: float, row: int, want: str = ""):
         tip = driver.find_element(By.ID, "oc-tooltip")
-        for _ in range(5):  # a scroll that lands after the move (hash navigation, scrollIntoView) hides the tip
+        # a scroll that lands after the move (hash navigation, scrollIntoView; late on a loaded machine) hides the
+        # tip or moves another row under the cursor: scroll back and move again until the tip is the one wanted
+        for _ in range(8):
             ActionChains(driver).move_to_element_with_offset(canvas, *point(t, row)).perform()
-            if tip.get_attribute("hidden") is None:
+            if tip.get_attribute("hidden") is None and want in tip.get_attribute("textContent"):
                 break
-            ActionChains(driver).move_to_element_with_offset(canvas, 0, 0).pause(0.2).perform()
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center', behavior: 'instant'})", canvas)
+            ActionChains(driver).move_to_element_with_offset(canvas, 0, 0).pause(0.3).perform()
         assert tip.get_attribute("hidden") is None
         return tip.get_attribute("textContent")  # the tooltip may sit below the canvas's visible box
 
@@ -326,7 +329,7 @@ def test_rank_and_step_pickers_and_host_lane(driver, tmp_path):
     mid = host["s"][k] + host["d"][k] / 2
     near = [j for j in range(len(host["s"])) if host["s"][j] - margin <= mid <= host["s"][j] + host["d"][j] + margin]
     k = min(near, key=lambda j: host["d"][j])
-    text = hover(mid, len(data["lanes"]) + 1)
+    text = hover(mid, len(data["lanes"]) + 1, want="finding ")
     assert f"finding {host['f'][k] + 1}: " in text and host["title"][k] in text
     driver.find_element(By.ID, "timeline").screenshot(str(_artifact("report-timeline-host-lane.png")))
     ActionChains(driver).move_to_element_with_offset(canvas, *point(mid, len(data["lanes"]) + 1)).click().perform()
@@ -342,7 +345,7 @@ def test_rank_and_step_pickers_and_host_lane(driver, tmp_path):
     ]
     _, lane_no, j = max(sized)
     lane = data["lanes"][lane_no]
-    text = hover(lane["s"][j] + lane["d"][j] / 2, lane_no + 1)
+    text = hover(lane["s"][j] + lane["d"][j] / 2, lane_no + 1, want=f"stream {lane['stream']}")
     assert f"stream {lane['stream']}" in text and "duration" in text and "into step 6" in text
     assert "size " in text
     # each finding links to the Perfetto file written beside the page
