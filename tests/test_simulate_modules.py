@@ -62,7 +62,9 @@ def test_module_frames_take_no_host_time(tmp_path: Path) -> None:
     a = analyze(tmp_path / "a").to_dict()
     b = analyze(tmp_path / "b").to_dict()
     assert a["ranks"] == [{**r, "source": r["source"].replace("/b/", "/a/")} for r in b["ranks"]]
-    assert a["findings"] == b["findings"]
+    # the same findings; with module frames they may name the modules their windows hold (evidence.modules)
+    unnamed = [{**f, "evidence": {k: v for k, v in f["evidence"].items() if k != "modules"}} for f in b["findings"]]
+    assert a["findings"] == unnamed
     names = {e["name"] for e in json.loads(_read(tmp_path / "b" / "rank0.trace.json.gz"))["traceEvents"]}
     assert {"nn.Module: Block_0", "overlapcheck.grad: layers.0 (Block)"} <= names
 
