@@ -133,6 +133,21 @@ def write_trace(
     return path
 
 
+def diagnose_events(folder: Path, events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> Report:
+    """Write `events` as rank 0 of a 2-rank job in `folder` and analyze it (one process), with `config` as the
+    ds_config."""
+    from overlapcheck.pipeline import analyze
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=2)
+    return analyze(folder, ds_config=config, jobs=1)
+
+
+def findings_by_rule(report: Report) -> dict[str, Any]:
+    """The report's findings by rule id (the first of each)."""
+    return {f.rule: f for f in report.findings}
+
+
 # ------------------------------------------------------------------------------------------------ the CLI
 
 

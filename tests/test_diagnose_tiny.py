@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
+from builders import findings_by_rule as rules
 
 from overlapcheck.diagnose import severity_of
 from overlapcheck.diagnose.facts.callsite import functions, is_site, is_user, parse_frame
 from overlapcheck.diagnose.finding import config_value, make_fix, round_size
 from overlapcheck.diagnose.registry import BY_ID
-from overlapcheck.model import Finding, Fix, Report
+from overlapcheck.model import Fix, Report
 from overlapcheck.pipeline import analyze
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
@@ -22,10 +23,6 @@ AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 def diagnose(folder: Path, config: dict[str, Any] | None = None) -> Report:
     return analyze(folder, ds_config=config, jobs=1)
-
-
-def rules(report: Report) -> dict[str, Finding]:
-    return {f.rule: f for f in report.findings}
 
 
 def sync_trace(tmp_path: Path, frames: list[str], call: str = "cudaStreamSynchronize") -> Path:

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import frame, kernel, launch, runtime, step, write_trace
+from builders import diagnose_events as diagnose
+from builders import findings_by_rule as rules
+from builders import frame, kernel, launch, runtime, step
 
 from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.diagnose.facts.hostsyncs import origin_of
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.model import Finding, Report
-from overlapcheck.pipeline import analyze
 from overlapcheck.trace.reader import load_trace
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
@@ -25,16 +25,6 @@ FETCH = "deepspeed/runtime/zero/partitioned_param_coordinator.py(385): fetch_sub
 GATHER = "deepspeed/runtime/zero/partition_parameters.py(1539): all_gather_coalesced"
 GATHER_DTYPE = "deepspeed/runtime/zero/partition_parameters.py(1360): _all_gather_dtype"
 USER_TO = "train.py(60): <listcomp>"
-
-
-def diagnose(folder: Path, events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> Report:
-    folder.mkdir(parents=True, exist_ok=True)
-    write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=2)
-    return analyze(folder, ds_config=config, jobs=1)
-
-
-def rules(report: Report) -> dict[str, Finding]:
-    return {f.rule: f for f in report.findings}
 
 
 def args(dtype: str, nelems: int = 1 << 22, name: str = "_reduce_scatter_base") -> dict[str, Any]:

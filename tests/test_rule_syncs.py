@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
+from builders import diagnose_events as diagnose
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
@@ -36,12 +37,6 @@ def copy(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict[s
         "dur": dur,
         "args": {"device": 0, "stream": stream, "correlation": corr},
     }
-
-
-def diagnose(folder: Path, events: list[dict[str, Any]]) -> Report:
-    folder.mkdir(parents=True, exist_ok=True)
-    write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=2)
-    return analyze(folder, jobs=1)
 
 
 def rank_finding(folder: Path, rule: str) -> Finding:

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import frame, kernel, launch, runtime, step, write_trace
+from builders import diagnose_events as diagnose
+from builders import findings_by_rule as rules
+from builders import frame, kernel, launch, runtime, step
 
 from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.diagnose.facts.hostsyncs import origin_of
 from overlapcheck.diagnose.facts.view import RankFacts
-from overlapcheck.model import Finding, Report
-from overlapcheck.pipeline import analyze
 from overlapcheck.trace.reader import load_trace
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
@@ -38,16 +38,6 @@ EPILOGUE = "deepspeed/runtime/zero/stage3.py(1407): independent_gradient_partiti
 PARTITION_GRADS = "deepspeed/runtime/zero/stage3.py(1568): partition_grads"
 REDUCE_THROTTLE = "deepspeed/runtime/zero/stage3.py(1667): __reduce_and_partition_ipg_grads"
 FETCH = "deepspeed/runtime/zero/partitioned_param_coordinator.py(385): fetch_sub_module"
-
-
-def diagnose(folder: Path, events: list[dict[str, Any]], config: dict[str, Any] | None = None) -> Report:
-    folder.mkdir(parents=True, exist_ok=True)
-    write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=2)
-    return analyze(folder, ds_config=config, jobs=1)
-
-
-def rules(report: Report) -> dict[str, Finding]:
-    return {f.rule: f for f in report.findings}
 
 
 def facts(folder: Path) -> RankFacts:
