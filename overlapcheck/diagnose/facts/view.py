@@ -60,6 +60,10 @@ class RankFacts:
     def step_numbers(self) -> list[int]:
         return [s.step for s in self.metrics.steps]
 
+    def steps_of_rows(self, rows: np.ndarray) -> list[int]:
+        """The profiled steps the GPU activities `rows` (a mask or indices) belong to; every step when none does."""
+        return sorted({int(s) for s in self.gpu_step[rows].tolist() if s >= 0}) or self.step_numbers
+
     @cached_property
     def step_time_us(self) -> float:
         """Mean step period (docs/metrics.md; the whole span when the trace has no steps)."""

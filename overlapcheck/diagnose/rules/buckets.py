@@ -467,7 +467,7 @@ def small_reductions(view: RankFacts) -> list[Finding]:
             why,
             cost,
             [view.rank_id],
-            sorted({int(x) for x in view.gpu_step[small].tolist() if x >= 0}) or view.step_numbers,
+            view.steps_of_rows(small),
             evidence,
             make_fix(view.config, {"zero_optimization.reduce_bucket_size": target}),
             covers=covers,

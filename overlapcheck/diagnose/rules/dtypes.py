@@ -64,7 +64,7 @@ def fp32_communication(view: RankFacts) -> list[Finding]:
             why,
             cost,
             [view.rank_id],
-            sorted({int(s) for s in view.gpu_step[fp32].tolist() if s >= 0}) or view.step_numbers,
+            view.steps_of_rows(fp32),
             evidence,
             make_fix(view.config, {"communication_data_type": train}),
             covers=covers,
