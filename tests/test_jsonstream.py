@@ -17,7 +17,7 @@ import pytest
 from builders import shared_traces_dir
 
 from overlapcheck.trace import jsonstream
-from overlapcheck.trace.events import EVENTS_DECODER, Event
+from overlapcheck.trace.events import EVENTS_DECODER, NO_VALUE, Args, Event
 from overlapcheck.trace.jsonstream import TraceStream
 
 SHARED = shared_traces_dir()
@@ -70,11 +70,32 @@ def test_real_traces_stream_like_json_load(path: str, chunk: int, chunks) -> Non
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, str(SHARED)))
 def test_real_traces_typed_events_match_conversion(path: str, chunks) -> None:
-    """The typed decoder keeps exactly what msgspec.convert keeps from json.load's dicts."""
+    """The typed decoder keeps exactly what msgspec.convert keeps from json.load's dicts; its raw fields (kept
+    undecoded, `Args.RAW_FIELDS`) hold exactly the JSON values of those keys."""
     chunks(32 << 10)
     events, _, _ = stream(path, EVENTS_DECODER)
-    want = msgspec.convert(reference(read(path))[0], list[Event], strict=False)
-    assert events == want
+    dicts = reference(read(path))[0]
+    raw_keys = {Args.__struct_encode_fields__[Args.__struct_fields__.index(f)]: f for f in Args.RAW_FIELDS}
+    raw_values = [{k: a[k] for k in raw_keys if k in a} if isinstance(a := d.get("args"), dict) else {} for d in dicts]
+    stripped = [
+        {**d, "args": {k: v for k, v in d["args"].items() if k not in raw_keys}} if raw else d
+        for d, raw in zip(dicts, raw_values, strict=True)
+    ]
+    want = msgspec.convert(stripped, list[Event], strict=False)
+    got = [
+        msgspec.structs.replace(e, args=msgspec.structs.replace(e.args, **dict.fromkeys(Args.RAW_FIELDS, NO_VALUE)))
+        if e.args is not None
+        else e
+        for e in events
+    ]
+    assert got == want
+    decoded = [
+        {k: msgspec.json.decode(raw) for k, f in raw_keys.items() if (raw := getattr(e.args, f))}
+        if e.args is not None
+        else {}
+        for e in events
+    ]
+    assert decoded == raw_values
 
 
 # Events written to fool a boundary guess: every `{`, `}`, `[`, `]`, `,` and quote here sits inside a string or a

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
 import msgspec
 
 Id = int | str | None
+NO_VALUE = msgspec.Raw()  # a raw field's value when the event does not have it
 
 
 class Args(msgspec.Struct, frozen=True, gc=False):
@@ -31,9 +32,13 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     wait_on_stream: int | None = None
     wait_on_event_corr: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
     nbytes: int | None = msgspec.field(default=None, name="bytes")
-    # record_shapes: read on the nccl:* ops of traces without record_param_comms sizes (torch < 2.1)
-    input_dims: list[Any] | None = msgspec.field(default=None, name="Input Dims")
-    input_type: list[Any] | None = msgspec.field(default=None, name="Input type")
+    # record_shapes: read on the nccl:* ops of traces without record_param_comms sizes (torch < 2.1). Kept as raw
+    # JSON and decoded only there: every op carries them, and building their nested lists for every event took
+    # half of the decoding time (1.45 s against 0.6 s per 100 MB of a real A100 trace)
+    input_dims: msgspec.Raw = msgspec.field(default=NO_VALUE, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=NO_VALUE, name="Input type")
+
+    RAW_FIELDS: ClassVar[tuple[str, ...]] = ("input_dims", "input_type")
 
 
 class Event(msgspec.Struct, frozen=True, gc=False):

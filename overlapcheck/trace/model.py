@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 from overlapcheck.trace import classify as C
@@ -371,9 +372,13 @@ class ModelBuilder:
         """A `nccl:*` op with the shape of its input tensor (`record_shapes=True`): its elements and dtype, the
         collective's input size (reduce-scatter: the whole buffer; all-gather: this rank's shard)."""
         a = ev.args
-        if a is None or a.input_dims is None:
+        if a is None or not a.input_dims:
             return
-        dims, types = a.input_dims, a.input_type
+        try:
+            dims = msgspec.json.decode(a.input_dims)
+            types = msgspec.json.decode(a.input_type) if a.input_type else None
+        except RecursionError:  # nested beyond the decoder's limit: no shape to read
+            return
         if not (dims and isinstance(dims[0], list) and dims[0]):
             return
         if not all(type(d) is int and d >= 0 for d in dims[0]):
