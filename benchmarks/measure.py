@@ -25,7 +25,7 @@ class Run:
     timed_out: bool = False  # stopped at the time limit: its times are lower bounds
 
 
-def measure(name: str, argv: list[str], timeout: float = 3600) -> Run:
+def measure(name: str, argv: list[str], timeout: float = 3600, env: dict[str, str] | None = None) -> Run:
     """Wall time of the whole process (start-up and imports included), its user+system CPU time (children
     included) and its peak RSS (the largest of the process and its children)."""
     gnu_time = shutil.which("time", path="/usr/bin:/bin")
@@ -36,7 +36,7 @@ def measure(name: str, argv: list[str], timeout: float = 3600) -> Run:
         start = time.perf_counter()
         with open(errors, "wb") as err:
             try:
-                code = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, timeout=timeout).returncode
+                code = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, timeout=timeout, env=env).returncode
             except subprocess.TimeoutExpired:
                 code = None
         wall = time.perf_counter() - start
