@@ -61,30 +61,44 @@ def kinds_from_launch(names: list[str], gpu: Table, runtime: Table, ops: Table) 
     coll_ops = np.flatnonzero(op_kind[ops.name] >= 0)
     if not len(coll_ops):
         return kind_from
-    # each kernel's launch: its runtime call, by correlation
+    rest, launch = launches(rest, gpu, runtime)
+    o_kind = op_kind[ops.name[coll_ops]]
+    found = enclosing(
+        runtime.start[launch], runtime.thread[launch], ops.start[coll_ops], ops.end[coll_ops], ops.thread[coll_ops]
+    )
+    inside = found >= 0
+    gpu.coll[rest[inside]] = o_kind[found[inside]]
+    kind_from[rest[inside]] = FROM_OP
+    return kind_from
+
+
+def launches(rows: np.ndarray, gpu: Table, runtime: Table) -> tuple[np.ndarray, np.ndarray]:
+    """The GPU `rows` whose launching runtime call is in the trace (same correlation), and those calls' rows."""
     by_corr = np.argsort(runtime.correlation, kind="stable")
     corr_sorted = runtime.correlation[by_corr]
-    corr = gpu.correlation[rest]
+    corr = gpu.correlation[rows]
     pos = np.minimum(np.searchsorted(corr_sorted, corr), len(corr_sorted) - 1)
     ok = (corr >= 0) & (corr_sorted[pos] == corr)
-    rest, launch = rest[ok], by_corr[pos[ok]]
-    when, thread = runtime.start[launch], runtime.thread[launch].astype(np.int64)
-    o_start, o_end = ops.start[coll_ops], ops.end[coll_ops]
-    o_thread = ops.thread[coll_ops].astype(np.int64)
-    o_kind = op_kind[ops.name[coll_ops]]
-    order = np.lexsort((o_start, o_thread))
-    key = o_thread[order]
+    return rows[ok], by_corr[pos[ok]]
+
+
+def enclosing(
+    when: np.ndarray, thread: np.ndarray, s_start: np.ndarray, s_end: np.ndarray, s_thread: np.ndarray
+) -> np.ndarray:
+    """For each time `when` on `thread`: the index of the innermost scope (`s_*`, e.g. ops) on that thread around
+    it, -1 for none. The latest scope that starts at or before `when` on the thread is the innermost one, when it
+    has not ended before `when` (the scopes of one thread nest)."""
+    thread, s_thread = thread.astype(np.int64), s_thread.astype(np.int64)
+    order = np.lexsort((s_start, s_thread))
+    key = s_thread[order]
+    found = np.full(len(when), -1, dtype=np.int64)
     for t in np.unique(thread).tolist():
         lo, hi = np.searchsorted(key, t, "left"), np.searchsorted(key, t, "right")
         if lo == hi:
             continue
         mine = np.flatnonzero(thread == t)
-        mine_order = order[lo:hi]
-        # the latest collective op starting at or before the launch that has not ended before it: the innermost
-        i = np.searchsorted(o_start[mine_order], when[mine], "right") - 1
-        cand = mine_order[np.maximum(i, 0)]
-        inside = (i >= 0) & (o_end[cand] >= when[mine])
-        rows = rest[mine[inside]]
-        gpu.coll[rows] = o_kind[cand[inside]]
-        kind_from[rows] = FROM_OP
-    return kind_from
+        i = np.searchsorted(s_start[order[lo:hi]], when[mine], "right") - 1
+        cand = order[lo + np.maximum(i, 0)]
+        inside = (i >= 0) & (s_end[cand] >= when[mine])
+        found[mine[inside]] = cand[inside]
+    return found

@@ -21,7 +21,7 @@ import numpy as np
 
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.events import Event
-from overlapcheck.trace.launch import kinds_from_launch
+from overlapcheck.trace.launch import enclosing, kinds_from_launch, launches
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_IN_TID = re.compile(r"(\d+)")
@@ -572,27 +572,8 @@ class ModelBuilder:
         c_start = np.array([r[0] for r in rows], dtype=np.float64)
         c_end = np.array([r[1] for r in rows], dtype=np.float64)
         c_thread = np.array([r[2] for r in rows], dtype=np.int64)
-        by_corr = np.argsort(runtime.correlation, kind="stable")
-        corr_sorted = runtime.correlation[by_corr]
-        corr = gpu.correlation[need]
-        pos = np.minimum(np.searchsorted(corr_sorted, corr), len(corr_sorted) - 1)
-        ok = (corr >= 0) & (corr_sorted[pos] == corr)
-        need, launch = need[ok], by_corr[pos[ok]]
-        when, thread = runtime.start[launch], runtime.thread[launch].astype(np.int64)
-        # by thread, then start: the latest record_param_comms that starts at or before the launch on its
-        # thread is the innermost one around it, when it has not ended before the launch
-        order = np.lexsort((c_start, c_thread))
-        key = c_thread[order]
-        found = np.full(len(need), -1, dtype=np.int64)
-        for t in np.unique(thread).tolist():
-            lo, hi = np.searchsorted(key, t, "left"), np.searchsorted(key, t, "right")
-            if lo == hi:
-                continue
-            mine = np.flatnonzero(thread == t)
-            i = np.searchsorted(c_start[order[lo:hi]], when[mine], "right") - 1
-            cand = order[lo + np.maximum(i, 0)]
-            inside = (i >= 0) & (c_end[cand] >= when[mine])
-            found[mine[inside]] = cand[inside]
+        need, launch = launches(need, gpu, runtime)
+        found = enclosing(runtime.start[launch], runtime.thread[launch], c_start, c_end, c_thread)
         filled = 0
         for row, src in zip(need[found >= 0].tolist(), found[found >= 0].tolist(), strict=True):
             _, _, _, n, out_n, dtype, group, pg = rows[src]
