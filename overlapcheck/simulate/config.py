@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any
 
 
+@cache  # called for every simulated kernel (SimConfig.*_at_least)
 def version_tuple(version: str) -> tuple[int, ...]:
     """'2.13.0' -> (2, 13, 0); trailing non-digits ('2.1.0+cu121') are ignored."""
     out = []

@@ -102,10 +102,10 @@ class Host:
         return self._corr
 
     # -- scopes -----------------------------------------------------------------------------
-    @contextmanager
     def cpu_op(
         self, name: str, args: dict[str, Any] | None = None, cat: str = "cpu_op", cost: float = 3.0
-    ) -> Iterator[CpuEvent]:
+    ) -> AbstractContextManager[CpuEvent]:
+        """A CPU op range: `cost` host us on entry (jittered by name), 1 us on exit."""
         self._ext += 1
         ev = CpuEvent(
             cat, name, self.tid, self.t, 0.0, {"External id": self._ext, "Record function id": 0, **(args or {})}
@@ -113,12 +113,7 @@ class Host:
         self.cpu.append(ev)
         self._ext_stack.append(self._ext)
         self.spend(cost, name)
-        try:
-            yield ev
-        finally:
-            self.spend(1.0)
-            self._ext_stack.pop()
-            ev.dur = self.t - ev.ts
+        return _CpuOp(self, ev)
 
     def annotation(self, name: str) -> AbstractContextManager[CpuEvent]:
         """A `record_function` range (`user_annotation`), e.g. ProfilerStep#N or nccl:*."""
@@ -147,8 +142,7 @@ class Host:
                     stack.pop()
                 ev.dur = self.t - ev.ts
 
-    @contextmanager
-    def frames(self, *names: str) -> Iterator[None]:
+    def frames(self, *names: str) -> AbstractContextManager[None]:
         """Nested python_function frames, outermost first."""
         stack = self._py_stack.setdefault(self.tid, [])
         opened = []
@@ -162,13 +156,7 @@ class Host:
             stack.append(self._pyid)
             opened.append(ev)
             self.spend(1.5, name)
-        try:
-            yield
-        finally:
-            for ev in reversed(opened):
-                self.spend(0.5)
-                stack.pop()
-                ev.dur = self.t - ev.ts
+        return _Frames(self, stack, opened)
 
     # -- runtime calls ----------------------------------------------------------------------
     def _runtime(self, name: str, flow: str | None, extra_us: float = 0.0) -> CpuEvent:
@@ -318,3 +306,38 @@ class Host:
             if op.end is None:
                 yield op
         return all(op.end_time <= self.t for op in event.ops)
+
+
+# The two scopes the simulator opens most (hundreds of thousands per 32-rank set) as plain context managers: the
+# work on entry is done by Host.cpu_op / Host.frames when they are called, as a @contextmanager did it on entry.
+class _CpuOp:
+    __slots__ = ("host", "ev")
+
+    def __init__(self, host: Host, ev: CpuEvent):
+        self.host, self.ev = host, ev
+
+    def __enter__(self) -> CpuEvent:
+        return self.ev
+
+    def __exit__(self, *exc: object) -> None:
+        host = self.host
+        host.spend(1.0)
+        host._ext_stack.pop()
+        self.ev.dur = host.t - self.ev.ts
+
+
+class _Frames:
+    __slots__ = ("host", "stack", "opened")
+
+    def __init__(self, host: Host, stack: list[int], opened: list[CpuEvent]):
+        self.host, self.stack, self.opened = host, stack, opened
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        host, stack = self.host, self.stack
+        for ev in reversed(self.opened):
+            host.spend(0.5)
+            stack.pop()
+            ev.dur = host.t - ev.ts
