@@ -6,18 +6,25 @@
   `report_doc` (the JSON document, a dict, to change or to write to a file), `make_report` (the same as a typed
   `Report`), `as_report` (a document, changed, as a `Report`), the parts `make_rank` and `make_finding`
   (document dicts) and `make_timeline` (a typed `Timeline`); `XSS_*` payloads for the escaping tests;
-- `run_cli` (the CLI in a subprocess) and `Page` (an HTML page, parsed).
+- `run_cli` (the CLI in a subprocess) and `Page` (an HTML page, parsed);
+- `SimulatedSets`: simulated trace sets, each written once per test session and shared by every test (and every
+  xdist worker) that asks for the same scenario and options (conftest.py's `simulated` fixture).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import json
+import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,55 @@ def shared_traces_dir() -> Path | None:
     """The real Kineto traces (../shared/traces beside the checkout), or None when they are not there."""
     path = ROOT.parent / "shared" / "traces"
     return path if path.is_dir() else None
+
+
+# -------------------------------------------------------------------------------------------- simulated sets
+
+
+class SimulatedSets:
+    """Simulated trace sets under `root`, each generated once: `get(scenario, **options)` returns the folder that
+    `overlapcheck.simulate.generate(scenario, folder, **options)` wrote, and its truth document. A 4x8 set takes
+    tens of seconds to simulate (with its counterfactuals), and several test files (and both xdist workers)
+    ask for the same ones; `root` is shared by the workers of one session, a lock per set makes the first worker
+    that asks write it and the others wait for it. The folders are read-only for the tests."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def get(self, scenario: str, **options: Any) -> tuple[Path, dict[str, Any]]:
+        key = json.dumps([scenario, options], sort_keys=True)
+        name = f"{scenario}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        folder = self.root / name
+        with _locked(self.root / f"{name}.lock"):
+            if not folder.is_dir():  # written beside it, then renamed: a folder that is there is complete
+                from overlapcheck.simulate import generate
+
+                partial = self.root / f"{name}.{os.getpid()}.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                generate(scenario, partial, **options)
+                partial.rename(folder)
+        return folder, json.loads((folder / "truth.json").read_text())
+
+    def folder(self, scenario: str, **options: Any) -> Path:
+        return self.get(scenario, **options)[0]
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` across processes (POSIX; elsewhere none, and two workers may both simulate a
+    set: the second rename fails and its copy is dropped)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # -------------------------------------------------------------------------------------------- tiny traces

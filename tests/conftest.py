@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from builders import shared_traces_dir
+from builders import SimulatedSets, shared_traces_dir
 
 
 @pytest.fixture
@@ -15,6 +16,14 @@ def shared_traces() -> Path:
     if path is None:
         pytest.skip("../shared/traces is not present")
     return path
+
+
+@pytest.fixture(scope="session")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> SimulatedSets:
+    """Simulated sets written once per session: one folder for all xdist workers (the parent of each worker's
+    basetemp is the session's), so that each set is simulated once (builders.SimulatedSets)."""
+    base = tmp_path_factory.getbasetemp()
+    return SimulatedSets((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "simulated")
 
 
 @pytest.fixture(autouse=True)

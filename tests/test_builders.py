@@ -1,10 +1,15 @@
 """The hand-built reports of builders.py follow the schema (docs/report-schema.md), so that the renderer and
-gate tests run against the real contract."""
+gate tests run against the real contract; its shared simulated sets are simulated once each."""
 
 from __future__ import annotations
 
-from builders import KINDS, make_finding, report_doc
+import json
+from pathlib import Path
 
+import pytest
+from builders import KINDS, SimulatedSets, make_finding, report_doc
+
+import overlapcheck.simulate
 from overlapcheck.model import COLLECTIVE_KEYS, Report
 
 
@@ -58,3 +63,27 @@ def test_fixture_finding_round_trips():
     assert report.findings[0].fix.env == {"CUDA_DEVICE_MAX_CONNECTIONS": None, "NCCL_ALGO": "Ring"}
     assert report.findings[1].fix.config is None and report.findings[1].fix.upgrade is None
     assert report.to_dict() == doc
+
+
+def test_simulated_sets_are_generated_once_per_scenario_and_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def generate(scenario: str, out: Path, **options: object) -> dict:
+        calls.append((scenario, options))
+        out.mkdir()
+        (out / "truth.json").write_text(json.dumps({"scenario": scenario, "n": len(calls)}))
+        return {}
+
+    monkeypatch.setattr(overlapcheck.simulate, "generate", generate)
+    sets = SimulatedSets(tmp_path / "sets")
+    a, truth = sets.get("straggler", nodes=2, gpus_per_node=1)
+    assert truth == {"scenario": "straggler", "n": 1}
+    assert sets.get("straggler", gpus_per_node=1, nodes=2) == (a, truth)  # the options' order does not matter
+    b = sets.folder("straggler", nodes=2, gpus_per_node=2)
+    assert b != a and calls == [
+        ("straggler", {"nodes": 2, "gpus_per_node": 1}),
+        ("straggler", {"nodes": 2, "gpus_per_node": 2}),
+    ]
+    assert not list((tmp_path / "sets").glob("*.partial"))  # written beside, then renamed into place

@@ -5,34 +5,36 @@ so that the sizes differ from the ones the rules were first checked on."""
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import SimulatedSets
 
 from overlapcheck.diagnose.rule import WARNING_SHARE
 from overlapcheck.model import Finding, Report
 from overlapcheck.pipeline import analyze
-from overlapcheck.simulate import generate
 from overlapcheck.simulate.scenarios import PRESETS
 
 SIZES = {"2x4": (2, 4), "4x8": (4, 8)}
 RANKED_SHARE = 0.01  # a planted cause under 1 % of the step has no effect worth ranking (docs/simulator.md)
 
 
-@cache
-def diagnosed(preset: str, size: str, root: str, layout: str = "default") -> tuple[dict[str, Any], Report]:
-    nodes, gpus = SIZES[size]
-    out = Path(root) / f"{preset}-{size}{'' if layout == 'default' else '-' + layout}"
-    options = {} if layout == "default" else {"layout": layout}
-    truth = generate(preset, out, nodes=nodes, gpus_per_node=gpus, **options)
-    return truth, analyze(out, jobs=2)
+# The diagnosis of a set, once per worker; the set itself once per session (conftest.py's `simulated`, shared with
+# the test files that simulate the same presets). Only the planted causes are costed: these tests look at their
+# costs and at the report, never at the inherent costs or free_comm_us (1 + causes simulations instead of 8).
+_REPORTS: dict[tuple[str, str, str], tuple[dict[str, Any], Report]] = {}
 
 
-@pytest.fixture(scope="session")
-def sets(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("presets"))
+def diagnosed(
+    preset: str, size: str, simulated: SimulatedSets, layout: str = "default"
+) -> tuple[dict[str, Any], Report]:
+    key = (preset, size, layout)
+    if key not in _REPORTS:
+        nodes, gpus = SIZES[size]
+        options = {} if layout == "default" else {"layout": layout}
+        out, truth = simulated.get(preset, nodes=nodes, gpus_per_node=gpus, inherent_costs=False, **options)
+        _REPORTS[key] = truth, analyze(out, jobs=2)
+    return _REPORTS[key]
 
 
 def planted(truth: dict[str, Any]) -> list[dict[str, Any]]:
@@ -45,8 +47,8 @@ def describe(findings: list[Finding]) -> list[tuple[str, str, float]]:
 
 @pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_top_finding_is_the_planted_cause(preset: str, size: str, sets: str) -> None:
-    truth, report = diagnosed(preset, size, sets)
+def test_top_finding_is_the_planted_cause(preset: str, size: str, simulated: SimulatedSets) -> None:
+    truth, report = diagnosed(preset, size, simulated)
     causes = planted(truth)
     if not causes:
         warnings = [f for f in report.findings if f.severity != "info"]
@@ -80,8 +82,8 @@ def test_top_finding_is_the_planted_cause(preset: str, size: str, sets: str) -> 
     "scenario",
     ["host-straggler+throughput-timer", "user-wait-stream+throughput-timer", "partial-straggler+comms-logger"],
 )
-def test_interacting_causes_are_each_listed_and_ranked_by_cost(scenario: str, sets: str) -> None:
-    truth, report = diagnosed(scenario, "2x4", sets)
+def test_interacting_causes_are_each_listed_and_ranked_by_cost(scenario: str, simulated: SimulatedSets) -> None:
+    truth, report = diagnosed(scenario, "2x4", simulated)
     causes = planted(truth)
     assert len(causes) >= 2, truth["causes"]
     found = {f.rule: f for f in report.findings}
@@ -98,13 +100,13 @@ SEED_COST_TOLERANCE = 0.15  # GitHub issue 25: the seed's deferral costed within
 
 @pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("layout", ["default", "ds013"])
-def test_seed_deferral_is_first_with_its_fix_and_cost_in_both_layouts(layout: str, size: str, sets: str) -> None:
+def test_seed_deferral_is_first_with_its_fix_and_cost_in_both_layouts(
+    layout: str, size: str, simulated: SimulatedSets
+) -> None:
     """DS #5201 as the simulator writes it now and as its own stack (DeepSpeed 0.13.3, torch 1.13.1, NCCL 2.14:
     no record_param_comms sizes, no parameter count in ds_config.json) wrote it."""
     # the default layout's set is the one test_top_finding_is_the_planted_cause diagnosed (same cache key)
-    truth, report = (
-        diagnosed("seed-5201", size, sets) if layout == "default" else diagnosed("seed-5201", size, sets, layout)
-    )
+    truth, report = diagnosed("seed-5201", size, simulated, layout)
     top = max(truth["causes"], key=lambda c: c["cost_us"])
     assert top["rule"] == "reduce-scatter-deferred"
     first = report.findings[0]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import SimulatedSets
 from click.testing import CliRunner
 
 from overlapcheck.cli import main
@@ -19,19 +20,23 @@ from overlapcheck.simulate.truth import KINDS, intersect, length, merge, subtrac
 SMALL = {"nodes": 2, "gpus_per_node": 1}
 
 
-@pytest.fixture(scope="module")
-def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every preset, generated once on 2 nodes x 1 GPU (healthy also on 2 x 2 for intra-node checks)."""
-    root = tmp_path_factory.mktemp("sim")
-    out = {}
-    for name in PRESETS:
-        if name == "seed-5201":
-            continue
-        generate(name, root / name, **SMALL)
-        out[name] = root / name
-    generate("healthy", root / "healthy-2x2", nodes=2, gpus_per_node=2)
-    out["healthy-2x2"] = root / "healthy-2x2"
-    return out
+class Sets:
+    """Every preset but seed-5201 on 2 nodes x 1 GPU (and "healthy-2x2": healthy on 2 x 2 for intra-node checks), by
+    name, each simulated once per session when a test first asks for it (conftest.py's `simulated`)."""
+
+    def __init__(self, simulated: SimulatedSets):
+        self.simulated = simulated
+
+    def __getitem__(self, name: str) -> Path:
+        if name == "healthy-2x2":
+            return self.simulated.folder("healthy", nodes=2, gpus_per_node=2)
+        assert name in PRESETS and name != "seed-5201", name
+        return self.simulated.folder(name, **SMALL)
+
+
+@pytest.fixture
+def sets(simulated: SimulatedSets) -> Sets:
+    return Sets(simulated)
 
 
 def events(folder: Path, rank: int = 0) -> list[dict[str, Any]]:
@@ -81,13 +86,13 @@ def test_other_seed_gives_other_times(tmp_path: Path) -> None:
 
 
 # -- planted effects, seen in the raw events -------------------------------------------------------
-def test_healthy_hides_most_communication(sets: dict[str, Path]) -> None:
+def test_healthy_hides_most_communication(sets: Sets) -> None:
     for rank in truth(sets["healthy-2x2"])["ranks"]:
         assert rank["collectives"]["all"]["overlap"] > 0.8
         assert rank["collectives"]["reduce_scatter"]["count"] > 2 * len(rank["steps"])
 
 
-def test_comms_logger_syncs_after_every_collective(sets: dict[str, Path]) -> None:
+def test_comms_logger_syncs_after_every_collective(sets: Sets) -> None:
     evs = events(sets["comms-logger"])
     comms = sorted(named(evs, "record_param_comms"), key=lambda e: e["ts"])
     syncs = sorted(e["ts"] for e in named(evs, "cudaDeviceSynchronize", "cuda_runtime"))
@@ -98,13 +103,13 @@ def test_comms_logger_syncs_after_every_collective(sets: dict[str, Path]) -> Non
     assert not named(events(sets["healthy"]), "cudaDeviceSynchronize", "cuda_runtime")
 
 
-def test_no_overlap_comm_uses_only_the_default_stream_for_deepspeed_work(sets: dict[str, Path]) -> None:
+def test_no_overlap_comm_uses_only_the_default_stream_for_deepspeed_work(sets: Sets) -> None:
     evs = events(sets["no-overlap-comm"])
     assert {e["tid"] for e in gpu(evs) if not is_nccl(e)} == {7}
     assert {e["tid"] for e in gpu(events(sets["healthy"])) if not is_nccl(e)} == {7, 13, 17}
 
 
-def test_same_communicator_serializes_its_kernels(sets: dict[str, Path]) -> None:
+def test_same_communicator_serializes_its_kernels(sets: Sets) -> None:
     evs = events(sets["same-communicator"])
     names = {(e["args"]["Collective name"], e["args"]["Process Group Name"]) for e in named(evs, "record_param_comms")}
     assert ("_allgather_base", "2") in names and ("_reduce_scatter_base", "2") in names
@@ -116,7 +121,7 @@ def test_same_communicator_serializes_its_kernels(sets: dict[str, Path]) -> None
     assert healthy == []
 
 
-def test_max_connections_1_leaves_no_concurrency(sets: dict[str, Path]) -> None:
+def test_max_connections_1_leaves_no_concurrency(sets: Sets) -> None:
     acts = sorted((e["ts"], e["ts"] + e["dur"]) for e in gpu(events(sets["max-connections-1"])))
     for (_, end), (start, _) in zip(acts, acts[1:], strict=False):
         assert end <= start + 1e-3
@@ -124,7 +129,7 @@ def test_max_connections_1_leaves_no_concurrency(sets: dict[str, Path]) -> None:
         assert rank["collectives"]["all"]["overlapped_us"] == pytest.approx(0.0, abs=1e-3)
 
 
-def test_straggler_makes_the_others_wait_in_nccl(sets: dict[str, Path]) -> None:
+def test_straggler_makes_the_others_wait_in_nccl(sets: Sets) -> None:
     t = truth(sets["straggler"])
     slow = t["config"]["straggler_rank"]
     (cause,) = t["causes"]
@@ -135,7 +140,7 @@ def test_straggler_makes_the_others_wait_in_nccl(sets: dict[str, Path]) -> None:
     assert ranks[other]["collectives"]["all"]["time_us"] > ranks[slow]["collectives"]["all"]["time_us"]
 
 
-def test_offload_copies_block_the_host(sets: dict[str, Path]) -> None:
+def test_offload_copies_block_the_host(sets: Sets) -> None:
     evs = events(sets["offload-sync"])
     copies = [e for e in evs if e.get("cat") == "gpu_memcpy" and e["name"] == "Memcpy DtoH (Device -> Pageable)"]
     assert copies
@@ -144,7 +149,7 @@ def test_offload_copies_block_the_host(sets: dict[str, Path]) -> None:
     assert len(syncs) == len(copies)
 
 
-def test_reduce_throttle_blocks_in_reduce_and_partition(sets: dict[str, Path]) -> None:
+def test_reduce_throttle_blocks_in_reduce_and_partition(sets: Sets) -> None:
     evs = events(sets["reduce-throttle"])
     flush = frames_named(evs, ": __reduce_and_partition_ipg_grads")
     syncs = [e for e in named(evs, "cudaEventSynchronize", "cuda_runtime") if inside(e, flush)]
@@ -153,7 +158,7 @@ def test_reduce_throttle_blocks_in_reduce_and_partition(sets: dict[str, Path]) -
     assert not cfg.with_overrides({"reduce_event_throttle": False}).reduce_event_throttle
 
 
-def test_deferred_reduce_scatter_runs_after_backward(sets: dict[str, Path]) -> None:
+def test_deferred_reduce_scatter_runs_after_backward(sets: Sets) -> None:
     for name in ("bucket-too-large",):
         t = truth(sets[name])
         for rank in t["ranks"]:
@@ -164,7 +169,7 @@ def test_deferred_reduce_scatter_runs_after_backward(sets: dict[str, Path]) -> N
         assert t["causes"][0]["rule"] == "reduce-scatter-deferred" and t["causes"][0]["cost_us"] > 0
 
 
-def test_throughput_timer_syncs_twice_per_step(sets: dict[str, Path]) -> None:
+def test_throughput_timer_syncs_twice_per_step(sets: Sets) -> None:
     evs = events(sets["throughput-timer"])
     timers = frames_named(evs, ": start") + frames_named(evs, ": stop")
     syncs = [e for e in named(evs, "cudaDeviceSynchronize", "cuda_runtime") if inside(e, timers)]
@@ -172,7 +177,7 @@ def test_throughput_timer_syncs_twice_per_step(sets: dict[str, Path]) -> None:
     assert len(syncs) == 2 * len(steps)
 
 
-def test_without_prefetch_each_fetch_gathers_only_its_module(sets: dict[str, Path]) -> None:
+def test_without_prefetch_each_fetch_gathers_only_its_module(sets: Sets) -> None:
     def gathers_per_fetch(evs: list[dict[str, Any]]) -> list[int]:
         ags = [e for e in named(evs, "record_param_comms") if e["args"]["Collective name"] == "_allgather_base"]
         return [sum(inside(a, [f]) for a in ags) for f in frames_named(evs, ": fetch_sub_module")]
@@ -181,7 +186,7 @@ def test_without_prefetch_each_fetch_gathers_only_its_module(sets: dict[str, Pat
     assert max(gathers_per_fetch(events(sets["healthy"]))) == 2
 
 
-def test_clock_skew_moves_ts_but_not_the_metrics(sets: dict[str, Path]) -> None:
+def test_clock_skew_moves_ts_but_not_the_metrics(sets: Sets) -> None:
     skewed = truth(sets["clock-skew"])
     offsets = skewed["time_base"]["clock_offset_us"]
     assert offsets[0] == 0 and abs(offsets[1]) > 0
@@ -229,7 +234,7 @@ def _check_split(split: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if n != "seed-5201"])
-def test_truth_is_consistent(sets: dict[str, Path], name: str) -> None:
+def test_truth_is_consistent(sets: Sets, name: str) -> None:
     t = truth(sets[name])
     assert t["schema"] == "overlapcheck.truth/1" and len(t["ranks"]) == 2
     assert set(t["free_comm_us"]) == {"all_gather", "reduce_scatter", "all_reduce"}
@@ -263,7 +268,7 @@ def test_truth_is_consistent(sets: dict[str, Path], name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [n for n in PRESETS if PRESETS[n].causes and n != "seed-5201"])
-def test_planted_causes_are_listed_with_a_fix(sets: dict[str, Path], name: str) -> None:
+def test_planted_causes_are_listed_with_a_fix(sets: Sets, name: str) -> None:
     t = truth(sets[name])
     assert sorted(c["rule"] for c in t["causes"]) == sorted(PRESETS[name].causes)  # truth ranks them by cost
     for cause in t["causes"]:
@@ -274,12 +279,12 @@ def test_planted_causes_are_listed_with_a_fix(sets: dict[str, Path], name: str) 
 @pytest.mark.parametrize(
     "name", ["bucket-too-large", "no-overlap-comm", "comms-logger", "max-connections-1", "straggler", "offload-sync"]
 )
-def test_costly_causes_cost_at_least_a_tenth_of_a_step(sets: dict[str, Path], name: str) -> None:
+def test_costly_causes_cost_at_least_a_tenth_of_a_step(sets: Sets, name: str) -> None:
     t = truth(sets[name])
     assert t["causes"][0]["cost_us"] > 0.1 * t["causes"][0]["step_time_without_us"]
 
 
-def test_inherent_deepspeed_syncs_are_measured(sets: dict[str, Path]) -> None:
+def test_inherent_deepspeed_syncs_are_measured(sets: Sets) -> None:
     t = truth(sets["healthy"])
     assert [c["rule"] for c in t["inherent"]] != [] and {c["rule"] for c in t["inherent"]} == {
         "epilogue-sync",
@@ -323,7 +328,7 @@ def test_interval_helpers() -> None:
     assert subtract(a, b) == [(0, 1), (2, 5), (9, 11)]
 
 
-def test_ds_config_is_written_beside_the_traces(sets: dict[str, Path]) -> None:
+def test_ds_config_is_written_beside_the_traces(sets: Sets) -> None:
     cfg = json.loads((sets["bucket-too-large"] / "ds_config.json").read_text())
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 1_000_000_000
     assert cfg["_overlapcheck_model"]["parameters"] < 1_000_000_000
@@ -381,3 +386,14 @@ def test_generate_says_what_it_is_doing(tmp_path):
     lines: list[str] = []
     generate("healthy", tmp_path / "s", nodes=1, gpus_per_node=2, costs=False, progress=lines.append)
     assert lines == ["simulating 2 ranks", "wrote 2 of 2 rank traces"]
+
+
+def test_without_inherent_costs_only_the_planted_causes_are_simulated_again(sets: Sets, tmp_path: Path) -> None:
+    """generate(inherent_costs=False): the same traces and the same cause costs, the other costs left null."""
+    full = sets["straggler"]
+    t = generate("straggler", tmp_path / "set", inherent_costs=False, **SMALL)
+    assert t["causes"] == truth(full)["causes"] and t["causes"][0]["cost_us"] > 0
+    assert t["inherent"] and all(c["cost_us"] is None for c in t["inherent"])
+    assert t["free_comm_us"] is None
+    for f in sorted(full.glob("rank*.trace.json.gz")):
+        assert f.read_bytes() == (tmp_path / "set" / f.name).read_bytes(), f.name

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import SimulatedSets
 
 from overlapcheck.simulate import build_config, generate, simulate
 from overlapcheck.simulate.frames import DATALOADER_FRAMES, USER_GRAD_HOOK, WAIT_STREAM
@@ -21,12 +22,22 @@ COMPUTE, REDUCE_STREAM = 7, 17
 Event = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("presets")
-    for name in NEW:
-        generate(name, root / name, **SIZE)
-    return {name: root / name for name in NEW}
+class Sets:
+    """NEW's sets by name, each simulated when a test first asks for it: the same sets (2x4, the causes costed)
+    as test_diagnose_presets.py's, from the session's `simulated` cache. These tests read the causes' costs,
+    never the inherent costs or free_comm_us."""
+
+    def __init__(self, simulated: SimulatedSets):
+        self.simulated = simulated
+
+    def __getitem__(self, name: str) -> Path:
+        assert name in NEW
+        return self.simulated.folder(name, **SIZE, inherent_costs=False)
+
+
+@pytest.fixture
+def sets(simulated: SimulatedSets) -> Sets:
+    return Sets(simulated)
 
 
 def events(folder: Path, rank: int) -> list[Event]:
@@ -101,7 +112,7 @@ def steps(evs: list[Event]) -> list[Event]:
 
 
 # -- partial-straggler ---------------------------------------------------------------------------------------
-def test_partial_straggler_is_last_at_reduce_scatters_not_at_all_gathers(sets: dict[str, Path]) -> None:
+def test_partial_straggler_is_last_at_reduce_scatters_not_at_all_gathers(sets: Sets) -> None:
     folder = sets["partial-straggler"]
     cause = only_cause(folder)
     assert cause["rule"] == "straggler" and cause["late_on"] == "gpu" and cause["fix"] == {}
@@ -116,7 +127,7 @@ def test_partial_straggler_is_last_at_reduce_scatters_not_at_all_gathers(sets: d
     assert total_last < 0.5 * total  # it loses a vote over all collectives together
 
 
-def test_partial_straggler_slows_gemms_but_not_memory_bound_kernels(sets: dict[str, Path]) -> None:
+def test_partial_straggler_slows_gemms_but_not_memory_bound_kernels(sets: Sets) -> None:
     folder = sets["partial-straggler"]
     (rank,) = only_cause(folder)["ranks"]
     other = (rank + 1) % world(folder)
@@ -136,7 +147,7 @@ def first_launch_delay(evs: list[Event]) -> list[float]:
     return [min(e["ts"] for e in launches if inside(e, s)) - s["ts"] for s in steps(evs)]
 
 
-def test_host_straggler_waits_in_its_data_loader_before_the_first_launch(sets: dict[str, Path]) -> None:
+def test_host_straggler_waits_in_its_data_loader_before_the_first_launch(sets: Sets) -> None:
     folder = sets["host-straggler"]
     cause = only_cause(folder)
     assert cause["rule"] == "straggler" and cause["late_on"] == "host" and cause["fix"] == {}
@@ -159,7 +170,7 @@ def test_host_straggler_waits_in_its_data_loader_before_the_first_launch(sets: d
             assert not [e for e in of_cat(events(folder, other), "python_function") if "dataloader" in e["name"]]
 
 
-def test_host_straggler_makes_the_others_wait_in_their_first_all_gather(sets: dict[str, Path]) -> None:
+def test_host_straggler_makes_the_others_wait_in_their_first_all_gather(sets: Sets) -> None:
     folder = sets["host-straggler"]
     (rank,) = only_cause(folder)["ranks"]
     durs = {}
@@ -178,9 +189,7 @@ def test_host_straggler_makes_the_others_wait_in_their_first_all_gather(sets: di
 
 
 # -- throttle-delayed-gathers --------------------------------------------------------------------------------
-def test_throttle_blocks_the_backward_host_and_the_next_gathers_launch_after_it(
-    sets: dict[str, Path], tmp_path: Path
-) -> None:
+def test_throttle_blocks_the_backward_host_and_the_next_gathers_launch_after_it(sets: Sets, tmp_path: Path) -> None:
     folder = sets["throttle-delayed-gathers"]
     cause = only_cause(folder, "reduce-event-throttle")
     assert cause["rule"] == "reduce-event-throttle"
@@ -236,7 +245,7 @@ def test_throttle_costs_nothing_with_a_fast_host(tmp_path: Path) -> None:
 
 
 # -- user-wait-stream ----------------------------------------------------------------------------------------
-def test_user_grad_hook_makes_compute_wait_for_each_reduce_scatter(sets: dict[str, Path]) -> None:
+def test_user_grad_hook_makes_compute_wait_for_each_reduce_scatter(sets: Sets) -> None:
     folder = sets["user-wait-stream"]
     cause = only_cause(folder)
     assert cause["rule"] == "cross-stream-wait" and cause["fix"] == {}
@@ -275,7 +284,7 @@ def test_user_grad_hook_makes_compute_wait_for_each_reduce_scatter(sets: dict[st
 
 
 # -- harmless-config -----------------------------------------------------------------------------------------
-def test_harmless_config_plants_nothing_and_costs_nothing(sets: dict[str, Path]) -> None:
+def test_harmless_config_plants_nothing_and_costs_nothing(sets: Sets) -> None:
     folder = sets["harmless-config"]
     t = truth(folder)
     assert t["causes"] == []

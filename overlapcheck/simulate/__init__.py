@@ -56,8 +56,12 @@ def free_comm(cfg: SimConfig, base_step_us: float) -> dict[str, float]:
     return out
 
 
-def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tuple[Any, dict[str, Any]]:
-    """Simulate `cfg`; return the result and its truth.json document (`costs`: run the counterfactuals)."""
+def truth_document(
+    cfg: SimConfig, causes: list[str], costs: bool = True, inherent_costs: bool = True
+) -> tuple[Any, dict[str, Any]]:
+    """Simulate `cfg`; return the result and its truth.json document (`costs`: run the counterfactuals;
+    `inherent_costs` off: only those of the planted causes, the inherent behaviours and free_comm_us unmeasured)."""
+    rest = costs and inherent_costs
     result = simulate(cfg)
     ranks = set_truth(result, [trace_name(r) for r in range(cfg.world_size)])
     step_us = mean_step_time(result)
@@ -78,8 +82,8 @@ def truth_document(cfg: SimConfig, causes: list[str], costs: bool = True) -> tup
         },
         "step_time_us": round(step_us, 3),
         "causes": cause_costs(cfg, causes, step_us, costs),
-        "inherent": cause_costs(cfg, [r for r in INHERENT if r not in causes], step_us, costs),
-        "free_comm_us": free_comm(cfg, step_us) if costs else None,
+        "inherent": cause_costs(cfg, [r for r in INHERENT if r not in causes], step_us, rest),
+        "free_comm_us": free_comm(cfg, step_us) if rest else None,
         "ranks": ranks,
         "bandwidth": bandwidth_truth(result),
     }
@@ -125,10 +129,13 @@ def generate(
     force: bool = False,
     costs: bool = True,
     progress: Callable[[str], None] | None = None,
+    inherent_costs: bool = True,
     **options: Any,
 ) -> dict[str, Any]:
     """Write the trace set of `scenario` into `out`; returns the truth document. `progress(line)` hears what it
-    is doing (the simulation and its counterfactuals, then the writing)."""
+    is doing (the simulation and its counterfactuals, then the writing). `costs` off skips every counterfactual,
+    `inherent_costs` off those of the inherent behaviours and of free_comm_us (their costs are then null, as with
+    `costs` off), for a caller that needs only what the planted causes cost."""
     say = progress or (lambda line: None)
     cfg, causes = build_config(scenario, **options)
     if out.exists() and not out.is_dir():
@@ -140,7 +147,7 @@ def generate(
         for old in out.glob("rank*.trace.json.gz"):
             old.unlink()
     say(f"simulating {cfg.world_size} ranks" + (", and the job without each effect (the costs)" if costs else ""))
-    result, truth = truth_document(cfg, causes, costs)
+    result, truth = truth_document(cfg, causes, costs, inherent_costs)
     for i, run in enumerate(result.ranks):
         write_trace(cfg, run, out / trace_name(run.rank))
         if i % 8 == 7 or i == len(result.ranks) - 1:
