@@ -7,6 +7,7 @@
   `Report`), `as_report` (a document, changed, as a `Report`), the parts `make_rank` and `make_finding`
   (document dicts) and `make_timeline` (a typed `Timeline`); `XSS_*` payloads for the escaping tests;
 - `run_cli` (the CLI in a subprocess) and `Page` (an HTML page, parsed);
+- `torch_extensions_dir()`: where the real DeepSpeed jobs keep the shm comm op they JIT-build;
 - `SimulatedSets`: simulated trace sets, each written once per test session and shared by every test (and every
   xdist worker) that asks for the same scenario and options (conftest.py's `simulated` fixture).
 """
@@ -41,6 +42,24 @@ def shared_traces_dir() -> Path | None:
     """The real Kineto traces (../shared/traces beside the checkout), or None when they are not there."""
     path = ROOT.parent / "shared" / "traces"
     return path if path.is_dir() else None
+
+
+# -------------------------------------------------------------------------------------------- real jobs
+
+
+def torch_extensions_dir() -> str:
+    """TORCH_EXTENSIONS_DIR for the real DeepSpeed jobs: the caller's own, or one folder per Python environment.
+
+    Every DeepSpeed rank on CPU loads the shm comm op, which torch JIT-builds (a minute or more on 2 cores) into
+    ~/.cache/torch_extensions/py311_cpu/deepspeed_shm_comm by default and rebuilds whenever the build's flags
+    differ from the last build's there; the flags name the environment's site-packages, so two environments on one
+    machine (a CI venv beside a developer's) rebuild it for each other, once per launch in the worst case. Keyed by
+    the environment, the op is built once per environment and kept."""
+    given = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if given:
+        return given
+    key = hashlib.sha256(f"{sys.prefix}|{sys.version}".encode()).hexdigest()[:12]
+    return str(Path.home() / ".cache" / "torch_extensions" / f"overlapcheck-tests-{key}")
 
 
 # -------------------------------------------------------------------------------------------- simulated sets

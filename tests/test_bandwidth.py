@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from builders import kernel, launch, write_trace
+from builders import SimulatedSets, kernel, launch, write_trace
 from click.testing import CliRunner
 
 from overlapcheck.analysis.bandwidth import bus_factor, nvlink_peak
@@ -66,11 +66,12 @@ def test_busbw_on_a_real_trace_equals_the_hand_computation() -> None:
     assert min(hand["all_reduce"]) <= first <= max(hand["all_reduce"])
 
 
-@pytest.fixture(scope="module")
-def degraded_2x4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("degraded-2x4")
-    truth = generate("degraded-network", out, steps=2)
-    return out, truth
+# These tests read the truth's bandwidth and the planted cause's cost, never the inherent costs or free_comm_us:
+# only the cause is costed (1 + 1 simulations instead of 8). The 2x4 set is test_diagnose_presets.py's (the
+# preset's own size and 2 steps), simulated once per session.
+@pytest.fixture
+def degraded_2x4(simulated: SimulatedSets) -> tuple[Path, dict]:
+    return simulated.get("degraded-network", nodes=2, gpus_per_node=4, inherent_costs=False)
 
 
 def test_busbw_equals_the_simulator_truth(degraded_2x4: tuple[Path, dict]) -> None:
@@ -115,7 +116,7 @@ def test_degraded_network_2x4_is_bandwidth_bound(degraded_2x4: tuple[Path, dict]
 
 
 def test_degraded_network_4x8_is_bandwidth_bound(tmp_path: Path) -> None:
-    truth = generate("degraded-network", tmp_path, steps=1, nodes=4, gpus_per_node=8)
+    truth = generate("degraded-network", tmp_path, steps=1, nodes=4, gpus_per_node=8, inherent_costs=False)
     _assert_diagnosed(analyze(tmp_path), truth)
 
 

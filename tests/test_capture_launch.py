@@ -1,8 +1,8 @@
 """Real jobs through `overlapcheck run`: a tiny DeepSpeed ZeRO-3 model (1.3M parameters, overlap_comm),
 2 ranks, gloo on CPU, launched with deepspeed, torchrun, and two loopback "nodes" (--no_ssh).
 
-Every job has a timeout. The first deepspeed launch on a fresh machine JIT-builds DeepSpeed's shm comm op
-(about a minute on 2 cores, cached in ~/.cache/torch_extensions), hence the generous limits.
+Every job has a timeout. The first deepspeed launch in a fresh environment JIT-builds DeepSpeed's shm comm op
+(about a minute on 2 cores, cached per environment: builders.torch_extensions_dir), hence the generous limits.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import torch_extensions_dir
 
 pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
@@ -38,6 +39,7 @@ def _env(**extra: str) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
         PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+        TORCH_EXTENSIONS_DIR=torch_extensions_dir(),
     )
     env.update(extra)
     return env
@@ -280,7 +282,10 @@ def test_multi_node_deepspeed_gets_the_capture_env_through_its_env_file(tmp_path
     out = tmp_path / "run"
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    user_env = "DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\nNCCL_DEBUG=WARN\n"
+    # (the extension folder too: the ranks would otherwise build the shm op in the default one)
+    user_env = (
+        f"DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\nNCCL_DEBUG=WARN\nTORCH_EXTENSIONS_DIR={torch_extensions_dir()}\n"
+    )
     (tmp_path / ".deepspeed_env").write_text(user_env)
     command = [
         "deepspeed",

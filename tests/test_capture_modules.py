@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import torch_extensions_dir
 
 pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
@@ -39,7 +40,9 @@ def run_folder(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("modules")
     out = tmp / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OVERLAPCHECK_")}
-    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(
+        DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=torch_extensions_dir()
+    )
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     command = ["torchrun", "--nproc_per_node", "2", "--master_port", str(_free_port()), TRAIN, "--steps", "6"]
     argv = [sys.executable, "-m", "overlapcheck", "run", "--out", str(out), "--with-modules"]
