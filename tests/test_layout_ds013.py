@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import SimulatedSets
 
 from overlapcheck.diagnose import _drop_applied
 from overlapcheck.job import JobContext
 from overlapcheck.model import Finding, Fix
 from overlapcheck.pipeline import analyze
-from overlapcheck.simulate import generate
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import SHAPES_NOTE
 
@@ -24,11 +24,11 @@ SIZE: dict[str, Any] = {"nodes": 2, "gpus_per_node": 4}
 Event = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ds013") / "seed"
-    generate("seed-5201", out, layout="ds013", **SIZE)
-    return out
+@pytest.fixture
+def seed(simulated: SimulatedSets) -> Path:
+    """test_diagnose_presets.py's ds013 set at 2x4, simulated once per session; these tests read the planted causes'
+    costs, the config and the bandwidth of its truth, never the inherent costs or free_comm_us (not simulated)."""
+    return simulated.folder("seed-5201", layout="ds013", inherent_costs=False, **SIZE)
 
 
 def document(folder: Path, rank: int = 0) -> dict[str, Any]:
