@@ -307,7 +307,10 @@ def _precision_notes(model: TraceModel, path: str) -> list[str]:
 
 
 def compile_rank_pattern(pattern: str) -> re.Pattern[str]:
-    """The regex of --rank-from: its first group (else the whole match) must be the rank's digits."""
+    """The regex of --rank-from: its first group (else the whole match) must be the rank's digits. An empty one
+    matches nothing but '' in every path: refused once, not once per file."""
+    if not pattern:
+        raise UserError("--rank-from '' is empty: give a regular expression whose first group is the rank")
     try:
         return re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
@@ -637,6 +640,10 @@ def analyze(
         raise UserError(f"jobs must be a whole number from 1 to 4096, not {jobs!r}")
     if rank_from is not None and not isinstance(rank_from, str):
         raise UserError(f"rank_from must be a regular expression (str), not {type(rank_from).__name__}")
+    if scheduler is not None and not isinstance(scheduler, str):
+        raise UserError(
+            f"scheduler must be an address or a scheduler file's path (str), not {type(scheduler).__name__}"
+        )
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
     if config is not None and not isinstance(config, dict):
         raise UserError(f"ds_config must be a dict or the path of a JSON file, not {type(config).__name__}")

@@ -1159,3 +1159,116 @@ def test_a_scheduler_file_that_is_no_schedulers_is_one_line(tmp_path: Path) -> N
 def test_simulate_sizes_beyond_reason_are_refused() -> None:
     r = builders.run_cli("simulate", "--out", "/tmp/never-written", "--nodes", "99999999999", "--steps", "1")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+# -- round 4 (red3): empty paths, `-` that is no stdout, repeated thresholds, simulate over real traces ---------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["analyze", "JOB", "-o", ""],
+        ["analyze", "JOB", "--html", ""],
+        ["analyze", "JOB", "--perfetto", ""],
+        ["analyze", "JOB", "--ds-config", ""],
+        ["analyze", ""],
+        ["report", ""],
+        ["compare", "", "JOB"],
+        ["compare", "JOB", "JOB", "--json", ""],
+        ["gate", "", "--min-overlap", "all=0.5"],
+        ["gate", "REPORT", "--baseline", ""],
+        ["gate", "REPORT", "--min-overlap", "all=0.5", "--junit", ""],
+        ["baseline", "save", "REPORT", ""],
+        ["simulate", "--out", "", "--steps", "1", "--nodes", "1", "--gpus-per-node", "1"],
+    ],
+    ids=lambda a: "-".join(x or "EMPTY" for x in a[:1] + a[2:] if not x.startswith("all=")),
+)
+def test_an_empty_path_is_refused_not_taken_as_not_given(tmp_path: Path, args: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # was: `-o ''` printed to stdout, `--ds-config ''` / `--html ''` / `--junit ''` were ignored, `simulate --out ''`
+    # wrote into the current folder
+    job = job_folder(tmp_path / "job")
+    code, _, _ = cli("analyze", str(job), "--format", "json", "-j", "1", "-o", str(tmp_path / "r.json"))
+    assert code == 0
+    monkeypatch.chdir(tmp_path)
+    names = {"JOB": str(job), "REPORT": str(tmp_path / "r.json")}
+    before = sorted(os.listdir(tmp_path))
+    code, stdout, stderr = cli(*[names.get(a, a) for a in args])
+    errors = [line for line in stderr.splitlines() if line.startswith("overlapcheck: error:")]
+    assert code == 2 and len(errors) == 1 and "is an empty path" in errors[0], stderr
+    assert stdout == "" and sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["analyze", "JOB", "--html", "-"],
+        ["analyze", "JOB", "--perfetto", "-"],
+        ["compare", "JOB", "JOB", "--html", "-"],
+        ["compare", "JOB", "JOB", "--markdown", "-"],
+        ["gate", "REPORT", "--min-overlap", "all=0.5", "--junit", "-"],
+        ["gate", "REPORT", "--min-overlap", "all=0.5", "--markdown", "-"],
+        ["baseline", "save", "REPORT", "-"],
+    ],
+    ids=lambda a: "-".join(a[:1] + [x for x in a[2:] if x.startswith("--")]),
+)
+def test_a_dash_where_it_is_no_stdout_writes_no_file_named_dash(tmp_path: Path, args: list[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    job = job_folder(tmp_path / "job")
+    code, _, _ = cli("analyze", str(job), "--format", "json", "-j", "1", "-o", str(tmp_path / "r.json"))
+    monkeypatch.chdir(tmp_path)
+    names = {"JOB": str(job), "REPORT": str(tmp_path / "r.json")}
+    code, _, stderr = cli(*[names.get(a, a) for a in args])
+    assert code == 2 and "only for -o/--output" in stderr, stderr
+    assert not (tmp_path / "-").exists()
+    code, stdout, _ = cli("analyze", str(job), "-j", "1", "--format", "json", "-o", "-")  # -o - is still stdout
+    assert code == 0 and json.loads(stdout)["ranks"] and not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("option", ["--min-overlap", "--max-exposed-regression", "--max-overlap-drop"])
+def test_a_threshold_given_twice_with_two_values_is_refused(tmp_path: Path, option: str) -> None:
+    # was: the later value won silently (`--min-overlap all=0.9 --min-overlap all=0.5` gated at 50% and passed)
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    report = str(tmp_path / "r.json")
+    code, _, stderr = cli("gate", report, "--baseline", report, option, "all=0.9", option, "all=0.5")
+    assert code == 2 and "all is given twice (0.9 and 0.5)" in stderr, stderr
+    code, _, stderr = cli("gate", report, "--baseline", report, option, "all=0.5", option, "all=50%")
+    assert code in (0, 1), stderr  # the same value twice is no contradiction
+
+
+def test_an_empty_rank_from_is_one_error_not_one_per_file(tmp_path: Path) -> None:
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--rank-from", "")
+    assert code == 2 and len(stderr.splitlines()) == 1 and "--rank-from '' is empty" in stderr, stderr
+    with pytest.raises(UserError, match="is empty"):
+        overlapcheck.analyze(tmp_path / "job", rank_from="", jobs=1)
+
+
+def test_api_scheduler_of_the_wrong_type_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="scheduler must be"):
+        overlapcheck.analyze(job_folder(tmp_path / "job"), scheduler=5, jobs=1)  # type: ignore[arg-type]
+
+
+def test_simulate_force_never_replaces_a_folder_of_real_traces(tmp_path: Path) -> None:
+    # was: `simulate --out traces/ --force` deleted the folder's rank*.trace.json.gz and wrote its ds_config.json
+    folder = tmp_path / "real"
+    folder.mkdir()
+    for name in ("rank0.trace.json.gz", "ds_config.json"):
+        shutil.copyfile(SAMPLES / "healthy" / name, folder / name)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    small = ["--steps", "1", "--nodes", "1", "--gpus-per-node", "1"]
+    code, _, stderr = cli("simulate", "--out", str(folder), *small, "--force")
+    assert code == 2 and "never replaced, even with --force" in stderr, stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    sim = tmp_path / "sim"
+    for _ in range(2):  # an earlier simulation is still replaced
+        code, _, stderr = cli("simulate", "--out", str(sim), *small, "--force")
+        assert code == 0, stderr
+
+
+@pytest.mark.parametrize("shape", [["--steps", "99999999999999999999"], ["--nodes", "1024", "--gpus-per-node", "64",
+                                                                        "--steps", "1000"]])  # fmt: skip
+def test_simulate_steps_beyond_memory_are_refused_at_once(tmp_path: Path, shape: list[str]) -> None:
+    # was: --steps 1e20 ran forever, 1024 x 64 x 1000 was killed for memory
+    code, _, stderr = cli("simulate", "--out", str(tmp_path / "sim"), *shape)
+    assert code == 2 and "rank-steps" in stderr and not (tmp_path / "sim").exists(), stderr
