@@ -361,6 +361,12 @@ def read_summary(summary: Summary) -> Outcome:
         report = Report.from_dict(read_json_file(summary.path, "an overlapcheck summary"), summary.path)
     except UserError as exc:
         return summary.path, [], str(exc)
+    named = _SUMMARY.match(os.path.basename(summary.path))
+    if len(report.ranks) != 1:  # a summary is its rank's own one-rank report (capture/summary.py)
+        return summary.path, [], f"{summary.path}: holds {len(report.ranks)} ranks, not its own one rank"
+    if named and report.ranks[0].rank != int(named.group(1)):
+        said = report.ranks[0].rank
+        return summary.path, [], f"{summary.path}: holds rank {said}, and its name says rank {int(named.group(1))}"
     sigs = report.collective_signatures or {}
     out = []
     modules = report.modules if len(report.ranks) == 1 else None  # a one-rank summary's modules are that rank's
@@ -413,8 +419,12 @@ def analyze_inputs(
         if options.steps is not None and outcome[2] is None:
             note = "--steps not applied: this rank has a summary and no trace beside it"
             outcome = (outcome[0], [_noted(r, note) for r in outcome[1]], None)
-        if outcome[2] is not None and summary.trace is not None:
-            outcome = _worker(summary.trace, job, options)  # an unreadable summary: read the rank's trace
+        if outcome[2] is not None and summary.trace is not None:  # an unreadable summary: read the rank's trace
+            why = safe_reason(outcome[2], summary.path)
+            outcome = _worker(summary.trace, job, options)
+            if outcome[2] is None:
+                note = f"read from its trace: its summary {os.path.basename(summary.path)} was not used ({why})"
+                outcome = (outcome[0], [_noted(r, note) for r in outcome[1]], None)
         outcomes.append(outcome)
         advance(inputs.sizes.get(summary.path, 0))
     outcomes += executor(scheduler, jobs).run(_worker, inputs.traces, job, options, inputs.sizes, advance)
@@ -468,6 +478,11 @@ def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None =
     return dataclasses.replace(
         inputs, traces=traces, summaries=summaries, sizes={k: v for k, v in inputs.sizes.items() if k in kept}
     )
+
+
+def safe_reason(error: str, path: str) -> str:
+    """An input error without the path it starts with (said once, in the note that names the file)."""
+    return error[len(path) + 2 :] if error.startswith(f"{path}: ") else error
 
 
 def _noted(result: RankResult, note: str) -> RankResult:

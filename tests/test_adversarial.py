@@ -1272,3 +1272,77 @@ def test_simulate_steps_beyond_memory_are_refused_at_once(tmp_path: Path, shape:
     # was: --steps 1e20 ran forever, 1024 x 64 x 1000 was killed for memory
     code, _, stderr = cli("simulate", "--out", str(tmp_path / "sim"), *shape)
     assert code == 2 and "rank-steps" in stderr and not (tmp_path / "sim").exists(), stderr
+
+
+def _run_with_summaries(folder: Path, tamper: Callable[[int, dict[str, Any]], dict[str, Any]],
+                        traces: bool = True) -> Path:  # fmt: skip
+    """An `overlapcheck run` folder of two ranks: their traces (if `traces`) and summaries, each `tamper`ed."""
+    from overlapcheck.capture.summary import summarize
+    from overlapcheck.report.json import JsonRenderer
+
+    (folder / "traces").mkdir(parents=True)
+    for r in range(2):
+        trace = folder / "traces" / f"rank{r}.json"
+        trace.write_bytes(doc_bytes(rank=r, world=2))
+        doc = json.loads(JsonRenderer(digits=None).render(summarize(str(trace))))
+        (folder / f"rank{r}.summary.json").write_text(json.dumps(tamper(r, doc)))
+        if not traces:
+            trace.unlink()
+    (folder / "run.json").write_text(json.dumps({"ranks": []}))
+    return folder
+
+
+def _swap(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["rank"] = 1 - r
+    return doc
+
+
+def _no_ranks(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"] = []
+    return doc
+
+
+def _overlap(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["collectives"]["all"]["overlap"] = 7.5
+    return doc
+
+
+def _negative(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["collectives"]["all"]["exposed_us"] = -5.0
+    return doc
+
+
+LIES = {
+    "swapped-ranks": (_swap, "holds rank 1, and its name says rank 0"),
+    "no-ranks": (_no_ranks, "holds 0 ranks, not its own one rank"),
+    "overlap-750%": (_overlap, "overlap is 7.5, not a fraction from 0 to 1"),
+    "negative-exposed": (_negative, "exposed_us is negative"),
+}
+
+
+@pytest.mark.parametrize("lie", LIES, ids=LIES)
+def test_a_summary_that_lies_is_not_used_and_that_is_said(tmp_path: Path, lie: str) -> None:
+    # was: swapped summaries were taken as they said, empty ones gave an empty report with exit 0, an overlap of
+    # 750% was reported (and passed any gate); an unreadable summary fell back to its trace without a word
+    tamper, said = LIES[lie]
+    run = _run_with_summaries(tmp_path / "run", tamper)
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    assert code == 0, stderr
+    ranks = json.loads(stdout)["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["collectives"]["all"]["overlap"] == 0.5 for r in ranks)  # as its trace says
+    assert any(said in n and "rank0.summary.json was not used" in n for n in ranks[0]["notes"]), ranks[0]["notes"]
+    bare = _run_with_summaries(tmp_path / "bare", tamper, traces=False)
+    code, stdout, stderr = cli("report", str(bare), "-j", "1", "--format", "json")
+    errors = [line for line in stderr.splitlines() if line.startswith("overlapcheck: error:")]
+    assert code == 2 and len(errors) == 2 and said in errors[0], stderr
+
+
+def test_gate_refuses_a_report_whose_overlap_is_no_fraction(tmp_path: Path) -> None:
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    doc = json.loads((tmp_path / "r.json").read_text())
+    doc["ranks"][0]["collectives"]["all"]["overlap"] = 7.5
+    (tmp_path / "lie.json").write_text(json.dumps(doc))
+    code, _, stderr = cli("gate", str(tmp_path / "lie.json"), "--min-overlap", "all=0.9")
+    assert code == 2 and "ranks[0].collectives.all.overlap is 7.5" in stderr, stderr
