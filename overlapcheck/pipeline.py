@@ -162,6 +162,8 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     if os.path.isfile(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
         paths += [os.path.join(folder, TRACES_DIR, n) for n in _visible(os.path.join(folder, TRACES_DIR))]
     traces = [p for p in paths if _TRACE_FILE.search(p) and not _NOT_TRACES.search(os.path.basename(p))]
+    own = [p for p in traces if _own_output(p)]
+    traces = [p for p in traces if p not in own]
     trace_of_rank: dict[int, str] = {}
     for path in traces:
         m = _RANK_FILE.match(os.path.basename(path))
@@ -175,7 +177,30 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     for rank, name in summaries.items():
         found.summaries.append(Summary(os.path.join(folder, name), trace_of_rank.get(rank)))
     if not traces and not summaries:
-        raise UserError("no trace files (*.json, *.json.gz) in this folder", folder)
+        skipped = (
+            f" (only overlapcheck's own outputs: {', '.join(os.path.basename(p) for p in own[:3])})" if own else ""
+        )
+        raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}", folder)
+
+
+# the first bytes of what overlapcheck writes as JSON: a report, a comparison, a Perfetto export (metadata first)
+_OWN_HEAD = re.compile(
+    rb'^\s*\{\s*"(?:schema"\s*:\s*"overlapcheck\.|metadata"\s*:\s*\{\s*"generator"\s*:\s*"overlapcheck )'
+)
+
+
+def _own_output(path: str) -> bool:
+    """Whether the .json / .json.gz file `path` in a folder of traces is one of overlapcheck's own outputs (a
+    report, a comparison, a Perfetto export written beside the traces), which scanning the folder skips: read
+    as a trace it was an error, and every later `analyze FOLDER` exited 2. Reads its first bytes only."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+        if head[:2] == b"\x1f\x8b":
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 512)
+    except (OSError, zlib.error):
+        return False  # reading it as a trace says what is wrong
+    return _OWN_HEAD.match(head) is not None
 
 
 DOCUMENTS = {"run.json": "run", "ds_config.json": "ds_config", "model.json": "model"}

@@ -1346,3 +1346,23 @@ def test_gate_refuses_a_report_whose_overlap_is_no_fraction(tmp_path: Path) -> N
     (tmp_path / "lie.json").write_text(json.dumps(doc))
     code, _, stderr = cli("gate", str(tmp_path / "lie.json"), "--min-overlap", "all=0.9")
     assert code == 2 and "ranks[0].collectives.all.overlap is 7.5" in stderr, stderr
+
+
+def test_outputs_written_beside_the_traces_are_not_read_as_traces_next_time(tmp_path: Path) -> None:
+    # was: `analyze job --perfetto job/timeline.json.gz` (or -o job/out.json, compare --json job/c.json), then every
+    # later `analyze job` exited 2: "cannot tell the rank" / "not a trace" for overlapcheck's own files
+    job = job_folder(tmp_path / "job")
+    outputs = [("--perfetto", "timeline.json.gz"), ("--perfetto", "rank0-timeline.json"), ("-o", "out.json")]
+    for option, name in outputs:
+        code, _, stderr = cli("analyze", str(job), "-j", "1", "--format", "json", option, str(job / name))
+        assert code == 0, stderr
+    code, _, stderr = cli("compare", str(job), str(job), "-j", "1", "--json", str(job / "c.json"))
+    assert code == 0, stderr
+    code, stdout, stderr = cli("analyze", str(job), "-j", "1", "--format", "json")
+    assert code == 0 and stderr == "", stderr
+    assert [r["rank"] for r in json.loads(stdout)["ranks"]] == [0, 1]
+    only = tmp_path / "only"
+    only.mkdir()
+    shutil.copyfile(job / "timeline.json.gz", only / "timeline.json.gz")
+    code, _, stderr = cli("analyze", str(only), "-j", "1")
+    assert code == 2 and "only overlapcheck's own outputs: timeline.json.gz" in stderr, stderr
