@@ -1366,3 +1366,31 @@ def test_outputs_written_beside_the_traces_are_not_read_as_traces_next_time(tmp_
     shutil.copyfile(job / "timeline.json.gz", only / "timeline.json.gz")
     code, _, stderr = cli("analyze", str(only), "-j", "1")
     assert code == 2 and "only overlapcheck's own outputs: timeline.json.gz" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (doc_bytes().decode().encode("utf-16"), "the file is UTF-16 text; save it as UTF-8"),
+        (doc_bytes().decode().encode("utf-16-le"), "the file is UTF-16 text"),
+        (doc_bytes().decode().encode("utf-32"), "the file is UTF-32 text"),
+        (doc_bytes().replace(b'"dur": 40', b'"dur": NaN', 1), "NaN is not a JSON number"),
+        (doc_bytes().replace(b'"dur": 40', b'"dur": -Infinity', 1), "-Infinity is not a JSON number"),
+        (doc_bytes()[:-1] + b', "x": NaN}', "NaN is not a JSON number"),
+        (b"\0" * 100, "malformed or truncated JSON"),  # NUL bytes are no UTF-16
+    ],
+    ids=["utf16-bom", "utf16-le", "utf32", "nan-dur", "minus-infinity", "nan-metadata", "nul-bytes"],
+)
+def test_a_wide_encoding_or_a_nan_is_named_in_the_one_line(tmp_path: Path, data: bytes, said: str) -> None:
+    # was: "malformed or truncated JSON with no traceEvents array" / "invalid character (byte 101)"
+    (tmp_path / "rank0.json").write_bytes(data)
+    code, _, stderr = cli("analyze", str(tmp_path / "rank0.json"), "-j", "1")
+    assert code == 2 and len(stderr.splitlines()) == 1 and said in stderr, stderr
+
+
+@pytest.mark.parametrize("name", ["bogus", "", None, 5])
+def test_api_an_unknown_renderer_is_a_user_error(name: Any) -> None:
+    from overlapcheck.report import renderer
+
+    with pytest.raises(UserError, match="unknown renderer"):  # was: KeyError
+        renderer(name)
