@@ -164,9 +164,9 @@ def _rank_events(
         tid = FINDING_TID + i
         thread(tid, f"finding {numbers[i]}: {P.safe_line(f.title)[:80]}", numbers[i])
         windows, drawn_on = finding_windows(i, f, tl)
-        args = {**_finding_args(f, i, numbers[i]), "drawn_on": drawn_on}
+        shown = {**_finding_args(f, i, numbers[i]), "drawn_on": drawn_on}
         for a, b in windows:
-            out.append(_slice(pid, tid, P.safe_line(f.title), f"finding:{f.severity}", ts(a), b - a, args))
+            out.append(_slice(pid, tid, P.safe_line(f.title), f"finding:{f.severity}", ts(a), b - a, shown))
 
     # exposed communication: every interval, never capped (the metric adds them up)
     thread(EXPOSED_TID, "exposed communication", 1 + len(report.findings))
