@@ -134,8 +134,17 @@ def parse_min_overlap(items: Iterable[str]) -> dict[str, float]:
         name, sep, value = item.partition("=")
         if not sep:
             raise UserError(f"--min-overlap: {item!r} is not KIND=FRACTION (e.g. reduce_scatter=0.8)")
-        out[_kind(name, "--min-overlap")] = parse_fraction(value, f"--min-overlap {name.strip()}")
+        kind = _kind(name, "--min-overlap")
+        _once(out, kind, parse_fraction(value, f"--min-overlap {name.strip()}"), "--min-overlap")
     return out
+
+
+def _once(out: dict[str, float], kind: str, value: float, what: str) -> None:
+    """out[kind] = value; a KIND given twice with two values is a UserError (the later one silently replaced a
+    stricter one: `--min-overlap all=0.9 --min-overlap all=0.5` gated at 50%)."""
+    if kind in out and out[kind] != value:
+        raise UserError(f"{what}: {kind} is given twice ({out[kind]:g} and {value:g}); give each kind once")
+    out[kind] = value
 
 
 def parse_regressions(
@@ -146,7 +155,7 @@ def parse_regressions(
     for item in items:
         name, sep, value = item.rpartition("=")
         kind = _kind(name, what) if sep else "all"
-        out[kind] = parse_fraction(value, what, allow_over_one=allow_over_one)
+        _once(out, kind, parse_fraction(value, what, allow_over_one=allow_over_one), what)
     return out
 
 

@@ -570,6 +570,17 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+def _check_split(fields: dict[str, Any], path: str) -> None:
+    """A collective kind's numbers that no trace can give: a negative count or time, an overlap outside [0, 1]
+    (a summary or report edited by hand, or another tool's; read as they were, they passed a gate at 750%)."""
+    for name in ("count", "time_us", "overlapped_us", "exposed_us"):
+        if fields.get(name, 0) < -1e-3:
+            raise _Shape(f"{path}.{name} is negative ({fields[name]:g})")
+    overlap = fields.get("overlap")
+    if overlap is not None and not -1e-6 <= overlap <= 1 + 1e-6:
+        raise _Shape(f"{path}.overlap is {overlap:g}, not a fraction from 0 to 1")
+
+
 def _from_plain(tp: Any, value: Any, path: str) -> Any:
     """`value` (parsed JSON) as type `tp`, or _Shape naming `path`."""
     origin = typing.get_origin(tp)
@@ -594,6 +605,8 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
                     continue
                 raise _Shape(f"{where} is missing")
             kwargs[f.name] = _from_plain(_hints(tp)[f.name], value[f.name], where)
+        if tp is Split:
+            _check_split(kwargs, path)
         return tp(**kwargs)
     if origin in (list, tuple):
         if not isinstance(value, list):

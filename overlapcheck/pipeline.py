@@ -162,6 +162,8 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     if os.path.isfile(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
         paths += [os.path.join(folder, TRACES_DIR, n) for n in _visible(os.path.join(folder, TRACES_DIR))]
     traces = [p for p in paths if _TRACE_FILE.search(p) and not _NOT_TRACES.search(os.path.basename(p))]
+    own = [p for p in traces if _own_output(p)]
+    traces = [p for p in traces if p not in own]
     trace_of_rank: dict[int, str] = {}
     for path in traces:
         m = _RANK_FILE.match(os.path.basename(path))
@@ -175,7 +177,30 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     for rank, name in summaries.items():
         found.summaries.append(Summary(os.path.join(folder, name), trace_of_rank.get(rank)))
     if not traces and not summaries:
-        raise UserError("no trace files (*.json, *.json.gz) in this folder", folder)
+        skipped = (
+            f" (only overlapcheck's own outputs: {', '.join(os.path.basename(p) for p in own[:3])})" if own else ""
+        )
+        raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}", folder)
+
+
+# the first bytes of what overlapcheck writes as JSON: a report, a comparison, a Perfetto export (metadata first)
+_OWN_HEAD = re.compile(
+    rb'^\s*\{\s*"(?:schema"\s*:\s*"overlapcheck\.|metadata"\s*:\s*\{\s*"generator"\s*:\s*"overlapcheck )'
+)
+
+
+def _own_output(path: str) -> bool:
+    """Whether the .json / .json.gz file `path` in a folder of traces is one of overlapcheck's own outputs (a
+    report, a comparison, a Perfetto export written beside the traces), which scanning the folder skips: read
+    as a trace it was an error, and every later `analyze FOLDER` exited 2. Reads its first bytes only."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+        if head[:2] == b"\x1f\x8b":
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 512)
+    except (OSError, zlib.error):
+        return False  # reading it as a trace says what is wrong
+    return _OWN_HEAD.match(head) is not None
 
 
 DOCUMENTS = {"run.json": "run", "ds_config.json": "ds_config", "model.json": "model"}
@@ -307,7 +332,10 @@ def _precision_notes(model: TraceModel, path: str) -> list[str]:
 
 
 def compile_rank_pattern(pattern: str) -> re.Pattern[str]:
-    """The regex of --rank-from: its first group (else the whole match) must be the rank's digits."""
+    """The regex of --rank-from: its first group (else the whole match) must be the rank's digits. An empty one
+    matches nothing but '' in every path: refused once, not once per file."""
+    if not pattern:
+        raise UserError("--rank-from '' is empty: give a regular expression whose first group is the rank")
     try:
         return re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
@@ -358,6 +386,12 @@ def read_summary(summary: Summary) -> Outcome:
         report = Report.from_dict(read_json_file(summary.path, "an overlapcheck summary"), summary.path)
     except UserError as exc:
         return summary.path, [], str(exc)
+    named = _SUMMARY.match(os.path.basename(summary.path))
+    if len(report.ranks) != 1:  # a summary is its rank's own one-rank report (capture/summary.py)
+        return summary.path, [], f"{summary.path}: holds {len(report.ranks)} ranks, not its own one rank"
+    if named and report.ranks[0].rank != int(named.group(1)):
+        said = report.ranks[0].rank
+        return summary.path, [], f"{summary.path}: holds rank {said}, and its name says rank {int(named.group(1))}"
     sigs = report.collective_signatures or {}
     out = []
     modules = report.modules if len(report.ranks) == 1 else None  # a one-rank summary's modules are that rank's
@@ -410,8 +444,12 @@ def analyze_inputs(
         if options.steps is not None and outcome[2] is None:
             note = "--steps not applied: this rank has a summary and no trace beside it"
             outcome = (outcome[0], [_noted(r, note) for r in outcome[1]], None)
-        if outcome[2] is not None and summary.trace is not None:
-            outcome = _worker(summary.trace, job, options)  # an unreadable summary: read the rank's trace
+        if outcome[2] is not None and summary.trace is not None:  # an unreadable summary: read the rank's trace
+            why = safe_reason(outcome[2], summary.path)
+            outcome = _worker(summary.trace, job, options)
+            if outcome[2] is None:
+                note = f"read from its trace: its summary {os.path.basename(summary.path)} was not used ({why})"
+                outcome = (outcome[0], [_noted(r, note) for r in outcome[1]], None)
         outcomes.append(outcome)
         advance(inputs.sizes.get(summary.path, 0))
     outcomes += executor(scheduler, jobs).run(_worker, inputs.traces, job, options, inputs.sizes, advance)
@@ -465,6 +503,11 @@ def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None =
     return dataclasses.replace(
         inputs, traces=traces, summaries=summaries, sizes={k: v for k, v in inputs.sizes.items() if k in kept}
     )
+
+
+def safe_reason(error: str, path: str) -> str:
+    """An input error without the path it starts with (said once, in the note that names the file)."""
+    return error[len(path) + 2 :] if error.startswith(f"{path}: ") else error
 
 
 def _noted(result: RankResult, note: str) -> RankResult:
@@ -637,6 +680,10 @@ def analyze(
         raise UserError(f"jobs must be a whole number from 1 to 4096, not {jobs!r}")
     if rank_from is not None and not isinstance(rank_from, str):
         raise UserError(f"rank_from must be a regular expression (str), not {type(rank_from).__name__}")
+    if scheduler is not None and not isinstance(scheduler, str):
+        raise UserError(
+            f"scheduler must be an address or a scheduler file's path (str), not {type(scheduler).__name__}"
+        )
     config = read_ds_config(os.fspath(ds_config)) if isinstance(ds_config, str | os.PathLike) else ds_config
     if config is not None and not isinstance(config, dict):
         raise UserError(f"ds_config must be a dict or the path of a JSON file, not {type(config).__name__}")

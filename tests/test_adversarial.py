@@ -1159,3 +1159,238 @@ def test_a_scheduler_file_that_is_no_schedulers_is_one_line(tmp_path: Path) -> N
 def test_simulate_sizes_beyond_reason_are_refused() -> None:
     r = builders.run_cli("simulate", "--out", "/tmp/never-written", "--nodes", "99999999999", "--steps", "1")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+# -- round 4 (red3): empty paths, `-` that is no stdout, repeated thresholds, simulate over real traces ---------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["analyze", "JOB", "-o", ""],
+        ["analyze", "JOB", "--html", ""],
+        ["analyze", "JOB", "--perfetto", ""],
+        ["analyze", "JOB", "--ds-config", ""],
+        ["analyze", ""],
+        ["report", ""],
+        ["compare", "", "JOB"],
+        ["compare", "JOB", "JOB", "--json", ""],
+        ["gate", "", "--min-overlap", "all=0.5"],
+        ["gate", "REPORT", "--baseline", ""],
+        ["gate", "REPORT", "--min-overlap", "all=0.5", "--junit", ""],
+        ["baseline", "save", "REPORT", ""],
+        ["simulate", "--out", "", "--steps", "1", "--nodes", "1", "--gpus-per-node", "1"],
+    ],
+    ids=lambda a: "-".join(x or "EMPTY" for x in a[:1] + a[2:] if not x.startswith("all=")),
+)
+def test_an_empty_path_is_refused_not_taken_as_not_given(tmp_path: Path, args: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # was: `-o ''` printed to stdout, `--ds-config ''` / `--html ''` / `--junit ''` were ignored, `simulate --out ''`
+    # wrote into the current folder
+    job = job_folder(tmp_path / "job")
+    code, _, _ = cli("analyze", str(job), "--format", "json", "-j", "1", "-o", str(tmp_path / "r.json"))
+    assert code == 0
+    monkeypatch.chdir(tmp_path)
+    names = {"JOB": str(job), "REPORT": str(tmp_path / "r.json")}
+    before = sorted(os.listdir(tmp_path))
+    code, stdout, stderr = cli(*[names.get(a, a) for a in args])
+    errors = [line for line in stderr.splitlines() if line.startswith("overlapcheck: error:")]
+    assert code == 2 and len(errors) == 1 and "is an empty path" in errors[0], stderr
+    assert stdout == "" and sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["analyze", "JOB", "--html", "-"],
+        ["analyze", "JOB", "--perfetto", "-"],
+        ["compare", "JOB", "JOB", "--html", "-"],
+        ["compare", "JOB", "JOB", "--markdown", "-"],
+        ["gate", "REPORT", "--min-overlap", "all=0.5", "--junit", "-"],
+        ["gate", "REPORT", "--min-overlap", "all=0.5", "--markdown", "-"],
+        ["baseline", "save", "REPORT", "-"],
+    ],
+    ids=lambda a: "-".join(a[:1] + [x for x in a[2:] if x.startswith("--")]),
+)
+def test_a_dash_where_it_is_no_stdout_writes_no_file_named_dash(tmp_path: Path, args: list[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    job = job_folder(tmp_path / "job")
+    code, _, _ = cli("analyze", str(job), "--format", "json", "-j", "1", "-o", str(tmp_path / "r.json"))
+    monkeypatch.chdir(tmp_path)
+    names = {"JOB": str(job), "REPORT": str(tmp_path / "r.json")}
+    code, _, stderr = cli(*[names.get(a, a) for a in args])
+    assert code == 2 and "only for -o/--output" in stderr, stderr
+    assert not (tmp_path / "-").exists()
+    code, stdout, _ = cli("analyze", str(job), "-j", "1", "--format", "json", "-o", "-")  # -o - is still stdout
+    assert code == 0 and json.loads(stdout)["ranks"] and not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("option", ["--min-overlap", "--max-exposed-regression", "--max-overlap-drop"])
+def test_a_threshold_given_twice_with_two_values_is_refused(tmp_path: Path, option: str) -> None:
+    # was: the later value won silently (`--min-overlap all=0.9 --min-overlap all=0.5` gated at 50% and passed)
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    report = str(tmp_path / "r.json")
+    code, _, stderr = cli("gate", report, "--baseline", report, option, "all=0.9", option, "all=0.5")
+    assert code == 2 and "all is given twice (0.9 and 0.5)" in stderr, stderr
+    code, _, stderr = cli("gate", report, "--baseline", report, option, "all=0.5", option, "all=50%")
+    assert code in (0, 1), stderr  # the same value twice is no contradiction
+
+
+def test_an_empty_rank_from_is_one_error_not_one_per_file(tmp_path: Path) -> None:
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--rank-from", "")
+    assert code == 2 and len(stderr.splitlines()) == 1 and "--rank-from '' is empty" in stderr, stderr
+    with pytest.raises(UserError, match="is empty"):
+        overlapcheck.analyze(tmp_path / "job", rank_from="", jobs=1)
+
+
+def test_api_scheduler_of_the_wrong_type_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="scheduler must be"):
+        overlapcheck.analyze(job_folder(tmp_path / "job"), scheduler=5, jobs=1)  # type: ignore[arg-type]
+
+
+def test_simulate_force_never_replaces_a_folder_of_real_traces(tmp_path: Path) -> None:
+    # was: `simulate --out traces/ --force` deleted the folder's rank*.trace.json.gz and wrote its ds_config.json
+    folder = tmp_path / "real"
+    folder.mkdir()
+    for name in ("rank0.trace.json.gz", "ds_config.json"):
+        shutil.copyfile(SAMPLES / "healthy" / name, folder / name)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    small = ["--steps", "1", "--nodes", "1", "--gpus-per-node", "1"]
+    code, _, stderr = cli("simulate", "--out", str(folder), *small, "--force")
+    assert code == 2 and "never replaced, even with --force" in stderr, stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    sim = tmp_path / "sim"
+    for _ in range(2):  # an earlier simulation is still replaced
+        code, _, stderr = cli("simulate", "--out", str(sim), *small, "--force")
+        assert code == 0, stderr
+
+
+@pytest.mark.parametrize("shape", [["--steps", "99999999999999999999"], ["--nodes", "1024", "--gpus-per-node", "64",
+                                                                        "--steps", "1000"]])  # fmt: skip
+def test_simulate_steps_beyond_memory_are_refused_at_once(tmp_path: Path, shape: list[str]) -> None:
+    # was: --steps 1e20 ran forever, 1024 x 64 x 1000 was killed for memory
+    code, _, stderr = cli("simulate", "--out", str(tmp_path / "sim"), *shape)
+    assert code == 2 and "rank-steps" in stderr and not (tmp_path / "sim").exists(), stderr
+
+
+def _run_with_summaries(folder: Path, tamper: Callable[[int, dict[str, Any]], dict[str, Any]],
+                        traces: bool = True) -> Path:  # fmt: skip
+    """An `overlapcheck run` folder of two ranks: their traces (if `traces`) and summaries, each `tamper`ed."""
+    from overlapcheck.capture.summary import summarize
+    from overlapcheck.report.json import JsonRenderer
+
+    (folder / "traces").mkdir(parents=True)
+    for r in range(2):
+        trace = folder / "traces" / f"rank{r}.json"
+        trace.write_bytes(doc_bytes(rank=r, world=2))
+        doc = json.loads(JsonRenderer(digits=None).render(summarize(str(trace))))
+        (folder / f"rank{r}.summary.json").write_text(json.dumps(tamper(r, doc)))
+        if not traces:
+            trace.unlink()
+    (folder / "run.json").write_text(json.dumps({"ranks": []}))
+    return folder
+
+
+def _swap(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["rank"] = 1 - r
+    return doc
+
+
+def _no_ranks(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"] = []
+    return doc
+
+
+def _overlap(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["collectives"]["all"]["overlap"] = 7.5
+    return doc
+
+
+def _negative(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["collectives"]["all"]["exposed_us"] = -5.0
+    return doc
+
+
+LIES = {
+    "swapped-ranks": (_swap, "holds rank 1, and its name says rank 0"),
+    "no-ranks": (_no_ranks, "holds 0 ranks, not its own one rank"),
+    "overlap-750%": (_overlap, "overlap is 7.5, not a fraction from 0 to 1"),
+    "negative-exposed": (_negative, "exposed_us is negative"),
+}
+
+
+@pytest.mark.parametrize("lie", LIES, ids=LIES)
+def test_a_summary_that_lies_is_not_used_and_that_is_said(tmp_path: Path, lie: str) -> None:
+    # was: swapped summaries were taken as they said, empty ones gave an empty report with exit 0, an overlap of
+    # 750% was reported (and passed any gate); an unreadable summary fell back to its trace without a word
+    tamper, said = LIES[lie]
+    run = _run_with_summaries(tmp_path / "run", tamper)
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    assert code == 0, stderr
+    ranks = json.loads(stdout)["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["collectives"]["all"]["overlap"] == 0.5 for r in ranks)  # as its trace says
+    assert any(said in n and "rank0.summary.json was not used" in n for n in ranks[0]["notes"]), ranks[0]["notes"]
+    bare = _run_with_summaries(tmp_path / "bare", tamper, traces=False)
+    code, stdout, stderr = cli("report", str(bare), "-j", "1", "--format", "json")
+    errors = [line for line in stderr.splitlines() if line.startswith("overlapcheck: error:")]
+    assert code == 2 and len(errors) == 2 and said in errors[0], stderr
+
+
+def test_gate_refuses_a_report_whose_overlap_is_no_fraction(tmp_path: Path) -> None:
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    doc = json.loads((tmp_path / "r.json").read_text())
+    doc["ranks"][0]["collectives"]["all"]["overlap"] = 7.5
+    (tmp_path / "lie.json").write_text(json.dumps(doc))
+    code, _, stderr = cli("gate", str(tmp_path / "lie.json"), "--min-overlap", "all=0.9")
+    assert code == 2 and "ranks[0].collectives.all.overlap is 7.5" in stderr, stderr
+
+
+def test_outputs_written_beside_the_traces_are_not_read_as_traces_next_time(tmp_path: Path) -> None:
+    # was: `analyze job --perfetto job/timeline.json.gz` (or -o job/out.json, compare --json job/c.json), then every
+    # later `analyze job` exited 2: "cannot tell the rank" / "not a trace" for overlapcheck's own files
+    job = job_folder(tmp_path / "job")
+    outputs = [("--perfetto", "timeline.json.gz"), ("--perfetto", "rank0-timeline.json"), ("-o", "out.json")]
+    for option, name in outputs:
+        code, _, stderr = cli("analyze", str(job), "-j", "1", "--format", "json", option, str(job / name))
+        assert code == 0, stderr
+    code, _, stderr = cli("compare", str(job), str(job), "-j", "1", "--json", str(job / "c.json"))
+    assert code == 0, stderr
+    code, stdout, stderr = cli("analyze", str(job), "-j", "1", "--format", "json")
+    assert code == 0 and stderr == "", stderr
+    assert [r["rank"] for r in json.loads(stdout)["ranks"]] == [0, 1]
+    only = tmp_path / "only"
+    only.mkdir()
+    shutil.copyfile(job / "timeline.json.gz", only / "timeline.json.gz")
+    code, _, stderr = cli("analyze", str(only), "-j", "1")
+    assert code == 2 and "only overlapcheck's own outputs: timeline.json.gz" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (doc_bytes().decode().encode("utf-16"), "the file is UTF-16 text; save it as UTF-8"),
+        (doc_bytes().decode().encode("utf-16-le"), "the file is UTF-16 text"),
+        (doc_bytes().decode().encode("utf-32"), "the file is UTF-32 text"),
+        (doc_bytes().replace(b'"dur": 40', b'"dur": NaN', 1), "NaN is not a JSON number"),
+        (doc_bytes().replace(b'"dur": 40', b'"dur": -Infinity', 1), "-Infinity is not a JSON number"),
+        (doc_bytes()[:-1] + b', "x": NaN}', "NaN is not a JSON number"),
+        (b"\0" * 100, "malformed or truncated JSON"),  # NUL bytes are no UTF-16
+    ],
+    ids=["utf16-bom", "utf16-le", "utf32", "nan-dur", "minus-infinity", "nan-metadata", "nul-bytes"],
+)
+def test_a_wide_encoding_or_a_nan_is_named_in_the_one_line(tmp_path: Path, data: bytes, said: str) -> None:
+    # was: "malformed or truncated JSON with no traceEvents array" / "invalid character (byte 101)"
+    (tmp_path / "rank0.json").write_bytes(data)
+    code, _, stderr = cli("analyze", str(tmp_path / "rank0.json"), "-j", "1")
+    assert code == 2 and len(stderr.splitlines()) == 1 and said in stderr, stderr
+
+
+@pytest.mark.parametrize("name", ["bogus", "", None, 5])
+def test_api_an_unknown_renderer_is_a_user_error(name: Any) -> None:
+    from overlapcheck.report import renderer
+
+    with pytest.raises(UserError, match="unknown renderer"):  # was: KeyError
+        renderer(name)

@@ -236,3 +236,44 @@ def test_report_run_dir_with_perfetto_reads_the_traces(tmp_path):
     assert doc["metadata"]["ranks"] == [0, 1] and doc["metadata"]["ranks_without_events"] == []
     page = html.read_text()
     assert 'href="p.json"' in page and "ui.perfetto.dev" in page
+
+
+def test_findings_are_drawn_on_the_windows_they_blame_not_on_whole_steps(seed_report):
+    """A finding that blames events on a rank is drawn there (its overlapping events merged), not as a slice the
+    length of each step it occurs in; one that blames none falls back to its steps, and says which it is."""
+    from overlapcheck.report.perfetto import finding_windows, trace_document
+
+    doc = trace_document(seed_report)
+    shifts = doc["metadata"]["clock_shift_us"]
+    origin = doc["metadata"]["time_origin_us"]
+    drawn = 0
+    for rank, tl in seed_report.timelines.items():
+        steps = {(round(s.start, 3), round(s.end, 3)) for s in tl.steps}
+        mine = [e for e in _events(doc) if e["pid"] == rank + 1 and e["cat"].startswith("finding:")]
+        for i, f in enumerate(seed_report.findings):
+            blamed = sorted((b.start, b.end) for b in tl.host if b.finding == i)
+            slices = sorted((e["ts"], e["dur"]) for e in mine if e["args"]["finding_index"] == i)
+            if not blamed:
+                continue
+            drawn += 1
+            windows, how = finding_windows(i, f, tl)
+            assert how.startswith(f"the {len(blamed)} events it blames")
+            assert {(round(a, 3), round(b, 3)) for a, b in windows}.isdisjoint(steps)
+            # every blamed event lies inside one slice, and the slices cover nothing else
+            shift = shifts[str(rank)] - origin
+            for a, b in blamed:
+                assert any(ts - 0.01 <= a + shift and a + shift + (b - a) <= ts + dur + 0.01 for ts, dur in slices)
+            assert sum(d for _, d in slices) <= sum(b - a for a, b in blamed) + 0.01 * len(blamed)
+            assert all(e["args"]["drawn_on"] == how for e in mine if e["args"]["finding_index"] == i)
+    assert drawn >= 5
+
+
+def test_a_finding_that_blames_nothing_is_drawn_on_its_steps(seed_report):
+    from dataclasses import replace
+
+    from overlapcheck.report.perfetto import finding_windows
+
+    tl = replace(seed_report.timelines[0], host=[])
+    f = seed_report.findings[0]
+    windows, how = finding_windows(0, f, tl)
+    assert windows == [(s.start, s.end) for s in tl.steps if s.step in f.steps] and how.startswith("each step")

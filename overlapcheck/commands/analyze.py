@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from overlapcheck.commands.paths import a_file_path, a_path
+
 if TYPE_CHECKING:
     from overlapcheck.selection import Numbers
 
@@ -34,12 +36,21 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 help="Terminal text, the JSON report document (docs/report-schema.md), Markdown, or the HTML page "
                 "(as --html writes it).",
             ),
-            click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (`-` for stdout)."),
-            click.option("--html", "html_path", metavar="FILE", help="Also write a self-contained HTML report."),
+            click.option(
+                "-o", "--output", metavar="FILE", callback=a_path, help="Write the report to FILE (`-` for stdout)."
+            ),
+            click.option(
+                "--html",
+                "html_path",
+                metavar="FILE",
+                callback=a_file_path,
+                help="Also write a self-contained HTML report.",
+            ),
             click.option(
                 "--perfetto",
                 "perfetto_path",
                 metavar="FILE",
+                callback=a_file_path,
                 help="Also write every rank's timeline as one Chrome-trace JSON (.json, or .json.gz: gzip) for "
                 "ui.perfetto.dev or chrome://tracing. `report RUN_DIR` then reads the ranks' traces.",
             ),
@@ -62,7 +73,9 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 help="Read each trace's rank from its file name (else its path) instead of distributedInfo: the "
                 r"first group of REGEX, e.g. 'node\d+-gpu(\d+)' or 'worker_(\d+)'.",
             ),
-            click.option("--ds-config", metavar="FILE", help="The DeepSpeed config the job used."),
+            click.option(
+                "--ds-config", metavar="FILE", callback=a_file_path, help="The DeepSpeed config the job used."
+            ),
             click.option(
                 "--network",
                 metavar="LINKSxRATE",
@@ -81,7 +94,7 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.command("analyze")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=click.Path(), callback=a_path)
 @report_options
 def command(paths: tuple[str, ...], **options: Any) -> None:
     """Measure how much communication overlaps compute in per-rank Kineto traces.

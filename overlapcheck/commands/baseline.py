@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from overlapcheck.commands.paths import a_file_path
+
 
 @click.group("baseline")
 def command() -> None:
@@ -11,8 +13,8 @@ def command() -> None:
 
 
 @command.command("save")
-@click.argument("report_path", metavar="REPORT.json")
-@click.argument("baseline_path", metavar="BASE.json")
+@click.argument("report_path", metavar="REPORT.json", callback=a_file_path)
+@click.argument("baseline_path", metavar="BASE.json", callback=a_file_path)
 @click.option("--force", is_flag=True, help="Overwrite BASE.json if it exists.")
 def save(report_path: str, baseline_path: str, force: bool) -> None:
     """Validate REPORT.json and save it as BASE.json (refuses to overwrite without --force).

@@ -8,6 +8,7 @@ import sys
 import click
 
 from overlapcheck.commands.analyze import SCHEDULER
+from overlapcheck.commands.paths import a_file_path, a_path
 from overlapcheck.errors import UserError
 from overlapcheck.model import Report
 
@@ -42,8 +43,8 @@ def load_side(path: str, jobs: int | None = None, scheduler: str | None = None) 
 
 
 @click.command("compare")
-@click.argument("before", metavar="BEFORE")
-@click.argument("after", metavar="AFTER")
+@click.argument("before", metavar="BEFORE", callback=a_file_path)
+@click.argument("after", metavar="AFTER", callback=a_file_path)
 @click.option(
     "--format",
     "fmt",
@@ -52,10 +53,30 @@ def load_side(path: str, jobs: int | None = None, scheduler: str | None = None) 
     show_default=True,
     help="Terminal text, the JSON comparison (docs/compare-schema.md), Markdown (a PR comment) or HTML.",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the comparison to FILE (`-` for stdout).")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Also write the side-by-side HTML page.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the JSON comparison.")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Also write the Markdown.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    callback=a_path,
+    help="Write the comparison to FILE (`-` for stdout).",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    callback=a_file_path,
+    help="Also write the side-by-side HTML page.",
+)
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), callback=a_file_path, help="Also write the JSON comparison."
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    callback=a_file_path,
+    help="Also write the Markdown.",
+)
 @click.option("-j", "--jobs", type=click.IntRange(1), help="Ranks analyzed in parallel (default: all cores).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @SCHEDULER

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from overlapcheck.commands.paths import a_file_path
 from overlapcheck.errors import UserError
 from overlapcheck.gate import (
     ACROSS,
@@ -22,11 +23,12 @@ from overlapcheck.gate import (
 
 
 @click.command("gate")
-@click.argument("report_path", metavar="REPORT.json")
+@click.argument("report_path", metavar="REPORT.json", callback=a_file_path)
 @click.option(
     "--baseline",
     "baseline_path",
     metavar="BASE.json",
+    callback=a_file_path,
     help="Compare with this report (see `overlapcheck baseline save`).",
 )
 @click.option(
@@ -65,8 +67,10 @@ from overlapcheck.gate import (
     help="Reduce ranks to their worst or their median rank for every check (default: worst rank "
     "for thresholds, median rank for baseline comparisons).",
 )
-@click.option("--junit", "junit_path", metavar="FILE", help="Write JUnit XML, one test case per check.")
-@click.option("--markdown", "markdown_path", metavar="FILE", help="Write a Markdown summary.")
+@click.option(
+    "--junit", "junit_path", metavar="FILE", callback=a_file_path, help="Write JUnit XML, one test case per check."
+)
+@click.option("--markdown", "markdown_path", metavar="FILE", callback=a_file_path, help="Write a Markdown summary.")
 @click.option("--force", is_flag=True, help="Overwrite existing --junit / --markdown files.")
 @click.pass_context
 def command(

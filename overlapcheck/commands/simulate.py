@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from overlapcheck.commands.paths import a_file_path
 from overlapcheck.errors import UserError
 
 
@@ -13,13 +14,13 @@ from overlapcheck.errors import UserError
 @click.option(
     "--scenario", default="healthy", show_default=True, help="Preset name; 'a+b' applies a then b. See --list."
 )
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), help="Output directory.")
+@click.option("--out", "out", type=click.Path(file_okay=False), callback=a_file_path, help="Output directory.")
 @click.option("--list", "list_presets", is_flag=True, help="List the presets and exit.")
 @click.option("--nodes", type=click.IntRange(1, 1024), help="Nodes (default: the preset's; at most 1024).")
 @click.option("--gpus-per-node", type=click.IntRange(1, 64), help="GPUs per node (default: the preset's; at most 64).")
 @click.option("--gpu", type=click.Choice(["A100", "H100"]), help="GPU model.")
 @click.option("--seed", type=int, help="Seed for jitter, straggler choice and clock offsets.")
-@click.option("--steps", type=int, help="Profiled steps (after one warm-up step).")
+@click.option("--steps", type=int, help="Profiled steps (after one warm-up step); ranks x steps at most 8192 (memory).")
 @click.option("--torch-version", help="torch version (stream of sync collectives, trace schema).")
 @click.option("--nccl-version", help="NCCL version (kernel names); default follows --torch-version.")
 @click.option("--deepspeed-version", help="DeepSpeed version (call stacks, fixed behaviours).")
@@ -35,7 +36,7 @@ from overlapcheck.errors import UserError
     help="Write nn.Module frames and overlapcheck run's module annotations, with the per-module truth.",
 )
 @click.option("--force", is_flag=True, help="Overwrite a non-empty output directory.")
-def command(scenario: str, out: Path | None, list_presets: bool, force: bool, **options) -> None:
+def command(scenario: str, out: str | None, list_presets: bool, force: bool, **options) -> None:
     """Simulate a DeepSpeed ZeRO-3 job: one Kineto trace per rank, truth.json and ds_config.json.
 
     \b
@@ -59,7 +60,7 @@ def command(scenario: str, out: Path | None, list_presets: bool, force: bool, **
         if sys.stderr.isatty():
             click.echo(f"\r\033[K{line}", err=True, nl=False)
 
-    truth = generate(scenario, out, force=force, progress=progress, **options)
+    truth = generate(scenario, Path(out), force=force, progress=progress, **options)
     if sys.stderr.isatty():
         click.echo("\r\033[K", err=True, nl=False)
     # cost: the step time of this job minus that of the same job without the effect (a counterfactual run)

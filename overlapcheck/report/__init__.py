@@ -23,7 +23,11 @@ RENDERERS = {
 
 
 def renderer(name: str) -> ReportRenderer:
-    """The renderer called `name` (one of RENDERERS)."""
+    """The renderer called `name` (one of RENDERERS); UserError for another name."""
+    if not isinstance(name, str) or name not in RENDERERS:
+        from overlapcheck.errors import UserError
+
+        raise UserError(f"unknown renderer {name!r}: one of {', '.join(RENDERERS)}")
     module, cls = RENDERERS[name]
     instance: ReportRenderer = getattr(importlib.import_module(module), cls)()
     return instance

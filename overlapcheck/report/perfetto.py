@@ -5,7 +5,8 @@
 with the original kernels, copies and collectives, a `steps` track (each `ProfilerStep#N` and its forward /
 backward / optimizer phases), an `exposed communication` track whose slices are exactly the intervals the
 metrics count as exposed (their durations add up to the rank's `collectives.all.exposed_us`), a track per
-finding (a slice on each step where the finding occurs on that rank, with its title, cost and fix in args), and
+finding (a slice on each window of the rank where it blames events, else on each step where it occurs, with its
+title, cost, fix and `drawn_on` in args), and
 host tracks with the syncs, waits and late launches the findings blame. The clocks of ranks are aligned on a
 collective every rank ran (docs/metrics.md, "Aligning ranks"); the shift of each rank is in `metadata`.
 """
@@ -92,9 +93,7 @@ def trace_document(report: Report) -> dict[str, Any]:
         n = _rank_events(events, report, rank, hosts.get(rank), tl, offset, shifts[rank] - origin, budget)
         if n:
             omitted[str(rank)] = n
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
+    return {  # metadata first: `analyze FOLDER` knows this file by its first bytes (pipeline._own_output)
         "metadata": {
             "generator": f"overlapcheck {report.tool.version}",
             "clock_alignment": how,
@@ -106,6 +105,8 @@ def trace_document(report: Report) -> dict[str, Any]:
             "exposed_track": "exposed communication = union of communication minus union of compute "
             "(docs/metrics.md); its slices add up to each rank's collectives.all.exposed_us",
         },
+        "displayTimeUnit": "ms",
+        "traceEvents": events,
     }
 
 
@@ -155,30 +156,17 @@ def _rank_events(
                 out.append(_slice(pid, STEPS_TID, phase, "phase", ts(a), b - a, {"step": s.step}))
                 prev = b
 
-    # findings: a slice per step where the finding occurs on this rank
-    step_window = {s.step: (s.start, s.end) for s in tl.steps}
+    # findings: a slice on each window of this rank's timeline the finding blames, else on each of its steps
     numbers = P.finding_numbers(report)  # as the terminal, the Markdown and the HTML page number them
     for i, f in enumerate(report.findings):
         if rank not in f.ranks:
             continue
         tid = FINDING_TID + i
         thread(tid, f"finding {numbers[i]}: {P.safe_line(f.title)[:80]}", numbers[i])
-        mine = sorted({b.step for b in tl.host if b.finding == i and b.step is not None} or set(f.steps))
-        windows = [step_window[s] for s in mine if s in step_window]
-        if not windows and not tl.steps:
-            windows = [(0.0, tl.duration)]
+        windows, drawn_on = finding_windows(i, f, tl)
+        shown = {**_finding_args(f, i, numbers[i]), "drawn_on": drawn_on}
         for a, b in windows:
-            out.append(
-                _slice(
-                    pid,
-                    tid,
-                    P.safe_line(f.title),
-                    f"finding:{f.severity}",
-                    ts(a),
-                    b - a,
-                    _finding_args(f, i, numbers[i]),
-                )
-            )
+            out.append(_slice(pid, tid, P.safe_line(f.title), f"finding:{f.severity}", ts(a), b - a, shown))
 
     # exposed communication: every interval, never capped (the metric adds them up)
     thread(EXPOSED_TID, "exposed communication", 1 + len(report.findings))
@@ -256,6 +244,30 @@ def _exposed_args(tl: Timeline) -> list[dict[str, Any]]:
         names = list(dict.fromkeys(P.safe_line(tl.names[comm[k][3]])[:200] for k in hits if comm[k][3] >= 0))
         out.append({"collectives": kinds, "kernels": names[:3]} if kinds else {})
     return out
+
+
+def finding_windows(index: int, f: Finding, tl: Timeline) -> tuple[list[tuple[float, float]], str]:
+    """Where finding `index` is drawn on a rank's timeline (times relative to `tl.t0`), and how that was chosen.
+    A finding that blames events on the rank (its host syncs, the waits and late launches it reports, the exposed
+    communication it charges: `Timeline.host`) is drawn on them, overlapping ones merged into one slice; one that
+    blames none on the rank (a cross-rank finding such as a straggler, a bandwidth finding: they carry no time
+    windows out of the diagnosis) on each step it occurs in, or the whole timeline when it has no steps."""
+    mine = sorted((b.start - tl.t0, b.end - tl.t0) for b in tl.host if b.finding == index)
+    if mine:
+        merged: list[list[float]] = []
+        for a, b in mine:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return [(a, b) for a, b in merged], f"the {len(mine)} events it blames on this rank"
+    step_window = {s.step: (s.start, s.end) for s in tl.steps}
+    windows = [step_window[s] for s in f.steps if s in step_window]
+    if windows:
+        return windows, "each step it occurs in (it blames no event on this rank)"
+    if not tl.steps:
+        return [(0.0, tl.duration)], "the whole timeline (no steps, no event it blames)"
+    return [], "nowhere: none of its steps is on this timeline"
 
 
 def _finding_args(f: Finding, index: int, number: int) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -123,6 +124,25 @@ def _job(cfg: SimConfig) -> dict[str, Any]:
     }
 
 
+def _only_a_simulation(out: Path) -> None:
+    """UserError unless the non-empty folder `out` is an earlier simulation, which --force may replace: its
+    truth.json is the simulator's. A folder of real traces (or anything else) is never overwritten, even with
+    --force: simulate deletes rank*.trace.json.gz there and writes ds_config.json and truth.json."""
+    if not any(out.iterdir()):
+        return
+    try:
+        with open(out / "truth.json", "rb") as fh:
+            doc = json.loads(fh.read(1 << 20))
+        simulated = isinstance(doc, dict) and doc.get("schema") == TRUTH_SCHEMA
+    except (OSError, ValueError, RecursionError):
+        simulated = False
+    if not simulated:
+        raise UserError(
+            f"{out} holds files that no simulation wrote (no simulator truth.json there), never replaced, even "
+            "with --force: choose an empty or new folder"
+        )
+
+
 def generate(
     scenario: str,
     out: Path,
@@ -142,6 +162,8 @@ def generate(
         raise UserError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"{out} is not empty; pass --force to overwrite")
+    if force and out.is_dir():
+        _only_a_simulation(out)
     out.mkdir(parents=True, exist_ok=True)
     if force:
         for old in out.glob("rank*.trace.json.gz"):

@@ -342,6 +342,9 @@ def _same_effect(a: str, b: str) -> bool:
     return a != b and (ca.rule or a) == (cb.rule or b) and (fa <= fb or fb <= fa)
 
 
+MAX_RANK_STEPS = 8192  # world size x steps: ~1.5 MB of memory each (measured: 16 ranks x 5 steps, 118 MB)
+
+
 def parse_scenario(name: str) -> list[str]:
     parts = [p.strip() for p in name.split("+") if p.strip()]
     unknown = [p for p in parts if p not in PRESETS]
@@ -381,6 +384,12 @@ def build_config(name: str, **options: Any) -> tuple[SimConfig, list[str]]:
     cfg = SimConfig(scenario=name, model=ModelSpec()).with_overrides(overrides)
     if cfg.nodes < 1 or cfg.gpus_per_node < 1 or cfg.steps < 1:
         raise UserError("--nodes, --gpus-per-node and --steps must be at least 1")
+    if cfg.world_size * cfg.steps > MAX_RANK_STEPS:
+        raise UserError(
+            f"--nodes x --gpus-per-node x --steps is {cfg.world_size:,} ranks x {cfg.steps:,} steps: more than the "
+            f"{MAX_RANK_STEPS:,} rank-steps one simulation holds in memory (about 1.5 MB each, all ranks are kept "
+            "until they are written)"
+        )
     if cfg.gpu not in ("A100", "H100"):
         raise UserError(f"unknown --gpu {cfg.gpu!r}; choose A100 or H100")
     for key in ("straggler_rank", "host_delay_rank"):  # -k: the rank seed + k - 1 (mod world size)

@@ -358,7 +358,7 @@ class TraceStream:
         except msgspec.ValidationError as exc:
             raise UserError(f"unexpected event field type ({exc})", self.path) from None
         except msgspec.DecodeError as exc:
-            raise UserError(f"malformed JSON ({exc})", self.path) from None
+            raise UserError(f"malformed JSON ({exc}){_nan_hint(exc, b'[' + body)}", self.path) from None
         except RecursionError:
             raise UserError(f"an event is nested too deeply (over {_depth_limit()} levels)", self.path) from None
 
@@ -370,7 +370,8 @@ class TraceStream:
         try:
             meta = msgspec.json.decode(header + b"[]" + trailer)
         except msgspec.DecodeError as exc:
-            raise UserError(f"malformed JSON around the event array ({exc})", self.path) from None
+            hint = _nan_hint(exc, header + b"[]" + trailer)
+            raise UserError(f"malformed JSON around the event array ({exc}){hint}", self.path) from None
         except RecursionError:
             raise UserError(f"metadata nested too deeply (over {_depth_limit()} levels)", self.path) from None
         if isinstance(meta, dict):
@@ -381,9 +382,45 @@ class TraceStream:
         try:
             doc = msgspec.json.decode(header)
         except (msgspec.DecodeError, RecursionError):
+            if encoding := _wide_encoding(header):
+                raise UserError(f"not a trace: the file is {encoding} text; save it as UTF-8", self.path) from None
             raise UserError("not a trace: malformed or truncated JSON with no traceEvents array", self.path) from None
         kind = type(doc).__name__
         raise UserError(f"not a trace: a JSON {kind} without a traceEvents array", self.path)
+
+
+_BYTE = re.compile(r"\(byte (\d+)\)")
+
+
+def _nan_hint(exc: Exception, data: bytes) -> str:
+    """What a decode error at NaN / Infinity means: JSON has no such numbers, and Python's json.dump writes them
+    (a trace edited by a script); the decoder only says 'invalid character (byte N)'."""
+    m = _BYTE.search(str(exc))
+    at = data[int(m.group(1)) : int(m.group(1)) + 9] if m else b""
+    if m and at.startswith(b"Infinity") and data[int(m.group(1)) - 1 : int(m.group(1))] == b"-":
+        at = b"-" + at  # the decoder points past the sign
+    if at.startswith((b"NaN", b"Infinity", b"-Infinity")):
+        word = at.split(b",")[0].split(b"}")[0].decode("ascii", "replace")
+        return f": {word} is not a JSON number (Python's json.dump writes it); write null there, or a number"
+    return ""
+
+
+def _wide_encoding(head: bytes) -> str | None:
+    """'UTF-16' / 'UTF-32' for text in those encodings (by their byte-order mark or their NUL bytes), else None."""
+    if head.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    sample = head[:64]
+    text = sample.replace(b"\x00", b"")
+    if (
+        len(sample) >= 8
+        and sample.count(0) >= len(sample) // 2 - 1
+        and text.isascii()
+        and text.lstrip()[:1] in (b"{", b"[")
+    ):
+        return "UTF-32" if sample.count(0) >= 3 * len(sample) // 4 - 1 else "UTF-16"
+    return None
 
 
 def _depth_limit() -> int:
