@@ -1,0 +1,102 @@
+"""Where the GPU waited for the host's own slowness: compute-stream gaps that end when the host launched the next
+activity, with no sync and no stream wait behind them.
+
+A host-starved window is the host side of a gap on the compute stream: from the end of the work launched before
+an activity (the queue ran dry) to that activity's launch call (by correlation), when the launch came later: the
+GPU had nothing queued and waited for the CPU. What follows the launch, up to the activity's start, is not the
+host's (a stream wait: facts/stalls.py; launch latency). Two of those waits are not the host being slow either,
+and are left out here:
+
+- the host blocked in a call that waited for GPU work (a sync, a blocking copy: `hostsyncs.awaited_work`) during
+  the window's host side, `[queue end, launch)`: the host waited for its own GPU there, and the sync rules charge
+  that window (hostsyncs.chain_costs, facts/delays.py);
+- windows the sync rules charge for what a block delayed after it returned (`SyncCosts.windows`: the host had
+  not caught up after the block), and the compute stalls on other streams (facts/stalls.py: waiting for a stream,
+  not for the host).
+
+What is left is the host itself: Python, hooks, the dispatcher and the launch calls taking longer than the GPU
+work they issue. Windows shorter than STALL_MIN_US are launch latency (facts/stalls.py's line). Each window's
+host side is attributed to the Python frames its launching thread spent it in (facts/hostgap.py's descent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from overlapcheck.analysis import intervals as iv
+from overlapcheck.diagnose.facts.hostgap import TOP_FRAMES, _frames, _python_frames
+from overlapcheck.diagnose.facts.hostsyncs import host_sync_list
+from overlapcheck.diagnose.facts.stalls import STALL_MIN_US
+
+if TYPE_CHECKING:
+    from overlapcheck.diagnose.facts.view import RankFacts
+
+
+@dataclass(frozen=True)
+class HostStarved:
+    """The rank's host-starved windows (`windows`, as intervals), the GPU row of the activity that ended each
+    one (`rows`), how many there were, the compute idle inside them, and the frames that spent their host side
+    (µs in total, largest first)."""
+
+    windows: iv.Intervals
+    rows: np.ndarray
+    idle_us: float
+    frames: list[tuple[str, float]] = field(default_factory=list)
+
+
+def host_starved(view: RankFacts) -> HostStarved:
+    """The rank's host-starved windows (module docstring), computed once per rank."""
+    return view.memo("host_starved", _host_starved)
+
+
+def _host_starved(view: RankFacts) -> HostStarved:
+    windows = [w for w in _host_sides(view) if w[1] - w[0] >= STALL_MIN_US]
+    if len(view.model.steps):
+        windows = [w for w in windows if view.gpu_step[w[2]] >= 0]
+    blocked = [s for s in host_sync_list(view) if s.waited]
+    if blocked:
+        s_start = np.array([s.start for s in blocked])
+        s_end = np.array([s.end for s in blocked])
+        # a call that waited for the GPU overlaps the host side of the window: the host waited, it was not slow
+        windows = [w for w in windows if not ((s_start < w[1]) & (s_end > w[0])).any()]
+    if not windows:
+        return HostStarved(iv.EMPTY, np.zeros(0, dtype=np.int64), 0.0)
+    out = iv.union(np.array([w[0] for w in windows]), np.array([w[1] for w in windows]))
+    charged = [w for ws in view.host_syncs.windows for w in ws]
+    if charged:
+        out = iv.subtract(out, iv.union(np.array([a for a, _ in charged]), np.array([b for _, b in charged])))
+    st = view.stalls
+    if len(st.kernel):
+        out = iv.subtract(out, iv.union(st.start, st.end))
+    rows = np.array([w[2] for w in windows], dtype=np.int64)
+    idle = float(view.idle(out.starts, out.ends).sum()) if len(out) else 0.0
+    return HostStarved(out, rows, idle, _spent_in(view, windows))
+
+
+def _host_sides(view: RankFacts) -> list[tuple[float, float, int]]:
+    """Per compute-stream activity launched after the work launched before it had ended: (that end, its launch
+    or its start when earlier, its GPU row)."""
+    g = view.gpu
+    on_s = np.flatnonzero(g.stream == view.compute_stream)
+    if len(on_s) < 2:
+        return []
+    on_s = on_s[np.argsort(view.launch[on_s], kind="stable")]
+    queued_end = np.maximum.accumulate(g.end[on_s])[:-1]
+    until = np.minimum(view.launch[on_s[1:]], g.start[on_s[1:]])
+    late = np.flatnonzero(until > queued_end)
+    return [(float(queued_end[i]), float(until[i]), int(on_s[i + 1])) for i in late.tolist()]
+
+
+def _spent_in(view: RankFacts, windows: list[tuple[float, float, int]]) -> list[tuple[str, float]]:
+    """The Python frames the launching threads spent the windows' host side in."""
+    frames = _python_frames(view)
+    spent: dict[str, float] = {}
+    for a, b, row in windows:
+        thread = int(view.launch_thread[row])
+        for name, us in _frames(view, frames.get(thread), a, b):
+            spent[name] = spent.get(name, 0.0) + us
+    ranked = sorted(spent.items(), key=lambda p: (-p[1], p[0]))[:TOP_FRAMES]
+    return [(name, us) for name, us in ranked if us > 0]
