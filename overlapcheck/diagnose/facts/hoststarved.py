@@ -4,15 +4,20 @@ activity, with no sync and no stream wait behind them.
 A host-starved window is the host side of a gap on the compute stream: from the end of the work launched before
 an activity (the queue ran dry) to that activity's launch call (by correlation), when the launch came later: the
 GPU had nothing queued and waited for the CPU. What follows the launch, up to the activity's start, is not the
-host's (a stream wait: facts/stalls.py; launch latency). Two of those waits are not the host being slow either,
-and are left out here:
+host's (a stream wait: facts/stalls.py; launch latency). Left out, as waits that are not the host being slow:
 
-- the host blocked in a call that waited for GPU work (a sync, a blocking copy: `hostsyncs.awaited_work`) during
-  the window's host side, `[queue end, launch)`: the host waited for its own GPU there, and the sync rules charge
-  that window (hostsyncs.chain_costs, facts/delays.py);
-- windows the sync rules charge for what a block delayed after it returned (`SyncCosts.windows`: the host had
-  not caught up after the block), and the compute stalls on other streams (facts/stalls.py: waiting for a stream,
-  not for the host).
+- windows that begin before the step of their activity: the host's lead-in to the step (facts/hostgap.py, the
+  straggler's late host), where what runs is the step's first all-gather, inherent;
+- windows whose launch came as GPU work running in them ended (within WAIT_TOLERANCE_US): the host waited for
+  it in a way no blocking runtime call shows (a blocking wait on a collective, a `cudaEventQuery` loop);
+- windows whose host side `[queue end, launch)` a call that waited for GPU work overlaps (a sync, a blocking
+  copy: `hostsyncs.awaited_work`): the host waited for its own GPU there, and the sync rules charge it
+  (hostsyncs.chain_costs, facts/delays.py);
+- windows whose host side the trace did not record (its correlation ids skip over LOST_FACTOR times the trace's
+  median skip, at most a complete trace's, per call it records: a sub-sampled trace): the gap may be launches
+  the trace does not hold;
+- within the rest, what the sync rules charge for what a block delayed after it returned (`SyncCosts.windows`:
+  the host had not caught up after the block), and the compute stalls on other streams (facts/stalls.py).
 
 What is left is the host itself: Python, hooks, the dispatcher and the launch calls taking longer than the GPU
 work they issue. Windows shorter than STALL_MIN_US are launch latency (facts/stalls.py's line). Each window's
@@ -28,11 +33,16 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.hostgap import TOP_FRAMES, _frames, _python_frames
-from overlapcheck.diagnose.facts.hostsyncs import host_sync_list
+from overlapcheck.diagnose.facts.hostsyncs import WAIT_TOLERANCE_US, host_sync_list
 from overlapcheck.diagnose.facts.stalls import STALL_MIN_US
 
 if TYPE_CHECKING:
     from overlapcheck.diagnose.facts.view import RankFacts
+
+# a window's host side that skips this many times the trace's median correlation skip per recorded call has lost
+# events: an order of magnitude beyond what the trace itself hides between two calls (_lost_events)
+LOST_FACTOR = 10.0
+COMPLETE_SKIP = 8.0  # the median skip of a complete trace is at most this (the real complete traces here: 1 to 7)
 
 
 @dataclass(frozen=True)
@@ -54,14 +64,23 @@ def host_starved(view: RankFacts) -> HostStarved:
 
 def _host_starved(view: RankFacts) -> HostStarved:
     windows = [w for w in _host_sides(view) if w[1] - w[0] >= STALL_MIN_US]
-    if len(view.model.steps):
-        windows = [w for w in windows if view.gpu_step[w[2]] >= 0]
+    steps = view.model.steps
+    if len(steps):
+        begins = dict(zip(steps.number.tolist(), steps.start.tolist(), strict=True))
+        # inside a step: a window from before the step began is the host's lead-in to it (facts/hostgap.py), and
+        # what runs there is the step's first all-gather, inherent (facts/coverage.py)
+        windows = [
+            w for w in windows if view.gpu_step[w[2]] >= 0 and w[0] >= begins.get(int(view.gpu_step[w[2]]), np.inf)
+        ]
     blocked = [s for s in host_sync_list(view) if s.waited]
     if blocked:
         s_start = np.array([s.start for s in blocked])
         s_end = np.array([s.end for s in blocked])
         # a call that waited for the GPU overlaps the host side of the window: the host waited, it was not slow
         windows = [w for w in windows if not ((s_start < w[1]) & (s_end > w[0])).any()]
+    windows = [w for w in windows if not _launched_on_an_end(view, w)]
+    lost = _lost_events(view, windows)
+    windows = [w for w, gone in zip(windows, lost.tolist(), strict=True) if not gone]
     if not windows:
         return HostStarved(iv.EMPTY, np.zeros(0, dtype=np.int64), 0.0)
     out = iv.union(np.array([w[0] for w in windows]), np.array([w[1] for w in windows]))
@@ -76,6 +95,34 @@ def _host_starved(view: RankFacts) -> HostStarved:
     return HostStarved(out, rows, idle, _spent_in(view, windows))
 
 
+def _lost_events(view: RankFacts, windows: list[tuple[float, float, int]]) -> np.ndarray:
+    """Per window, whether the trace lost the host's calls in it: CUPTI numbers every runtime call (correlation),
+    Kineto leaves out a few kinds (cudaGetDevice, cudaGetLastError, ...), so between two recorded calls a
+    complete trace skips a few ids (its median skip; the real complete traces here: 1 to 7). A window whose host
+    side skips over LOST_FACTOR times that per call it records (from the last call recorded before the window to
+    the launch that ends it) has lost events (a sub-sampled trace: HTA's sampled traces skip a median 36, and
+    hundreds to thousands across their gaps): the gap may be launches the trace does not hold. The median skip
+    is taken at most COMPLETE_SKIP, as a sub-sampled trace inflates its own."""
+    rt = view.model.runtime
+    ids = np.unique(rt.correlation[rt.correlation > 0])
+    if len(ids) < 2 or not windows:
+        return np.zeros(len(windows), dtype=bool)
+    skip = min(float(np.median(np.diff(ids))), COMPLETE_SKIP)  # a sub-sampled trace's own median is inflated
+    order = np.argsort(rt.start, kind="stable")
+    starts, corr = rt.start[order], rt.correlation[order]
+    out = np.zeros(len(windows), dtype=bool)
+    for n, (a, b, row) in enumerate(windows):
+        before = int(np.searchsorted(starts, a, side="right"))
+        inside = int(np.searchsorted(starts, b, side="left")) - before
+        last = corr[:before][corr[:before] > 0]
+        end = int(view.gpu.correlation[row])
+        if not len(last) or end <= 0:
+            continue
+        missing = end - int(last.max()) - 1 - max(0, inside)
+        out[n] = missing > LOST_FACTOR * skip * (max(0, inside) + 1)
+    return out
+
+
 def _host_sides(view: RankFacts) -> list[tuple[float, float, int]]:
     """Per compute-stream activity launched after the work launched before it had ended: (that end, its launch
     or its start when earlier, its GPU row)."""
@@ -88,6 +135,15 @@ def _host_sides(view: RankFacts) -> list[tuple[float, float, int]]:
     until = np.minimum(view.launch[on_s[1:]], g.start[on_s[1:]])
     late = np.flatnonzero(until > queued_end)
     return [(float(queued_end[i]), float(until[i]), int(on_s[i + 1])) for i in late.tolist()]
+
+
+def _launched_on_an_end(view: RankFacts, w: tuple[float, float, int]) -> bool:
+    """Whether the launch that ends the window came as GPU work running in it ended (within WAIT_TOLERANCE_US):
+    the host waited for that work in a way no blocking runtime call shows (a blocking wait on the collective,
+    a `cudaEventQuery` loop), not slow."""
+    g = view.gpu
+    ended = (g.end >= w[1] - WAIT_TOLERANCE_US) & (g.end <= w[1] + WAIT_TOLERANCE_US) & (g.start < w[1])
+    return bool((ended & (g.end > w[0])).any())
 
 
 def _spent_in(view: RankFacts, windows: list[tuple[float, float, int]]) -> list[tuple[str, float]]:
