@@ -55,6 +55,8 @@ class HostStarved:
     rows: np.ndarray
     idle_us: float
     frames: list[tuple[str, float]] = field(default_factory=list)
+    calls: list[tuple[str, float]] = field(default_factory=list)  # runtime calls of the launching threads in them
+    host_us: float = 0.0  # the windows' host side, in total
 
 
 def host_starved(view: RankFacts) -> HostStarved:
@@ -92,7 +94,8 @@ def _host_starved(view: RankFacts) -> HostStarved:
         out = iv.subtract(out, iv.union(st.start, st.end))
     rows = np.array([w[2] for w in windows], dtype=np.int64)
     idle = float(view.idle(out.starts, out.ends).sum()) if len(out) else 0.0
-    return HostStarved(out, rows, idle, _spent_in(view, windows))
+    host = float(sum(b - a for a, b, _ in windows))
+    return HostStarved(out, rows, idle, _spent_in(view, windows), _calls_in(view, windows), host)
 
 
 def _lost_events(view: RankFacts, windows: list[tuple[float, float, int]]) -> np.ndarray:
@@ -144,6 +147,20 @@ def _launched_on_an_end(view: RankFacts, w: tuple[float, float, int]) -> bool:
     g = view.gpu
     ended = (g.end >= w[1] - WAIT_TOLERANCE_US) & (g.end <= w[1] + WAIT_TOLERANCE_US) & (g.start < w[1])
     return bool((ended & (g.end > w[0])).any())
+
+
+def _calls_in(view: RankFacts, windows: list[tuple[float, float, int]]) -> list[tuple[str, float]]:
+    """The CUDA runtime calls the launching threads were in during the windows' host side (µs in total, largest
+    first): a long one there (not a sync: those windows are left out) is the driver, not Python."""
+    rt = view.model.runtime
+    spent: dict[str, float] = {}
+    for a, b, row in windows:
+        sel = np.flatnonzero((rt.thread == view.launch_thread[row]) & (rt.start < b) & (rt.end > a))
+        for i in sel.tolist():
+            name = str(view.names[rt.name[i]])
+            spent[name] = spent.get(name, 0.0) + min(b, float(rt.end[i])) - max(a, float(rt.start[i]))
+    ranked = sorted(spent.items(), key=lambda p: (-p[1], p[0]))[:TOP_FRAMES]
+    return [(name, us) for name, us in ranked if us > 0]
 
 
 def _spent_in(view: RankFacts, windows: list[tuple[float, float, int]]) -> list[tuple[str, float]]:

@@ -28,6 +28,7 @@ from overlapcheck.model import Finding
 # few gaps it has (the first kernels after a sync) are the sync rules'; one share point is the order of the
 # step-to-step variation of a steady step (the critical/warning shares are 10 and 3 points)
 MIN_IDLE_SHARE = 0.01
+DRIVER_SHARE = 0.5  # runtime calls that spend at least this share of the windows' host side: the driver's time
 DEEPSPEED_HOOKS = ("fetch_sub_module", "pre_sub_module_forward", "post_sub_module", "_pre_forward", "_post_backward")
 
 
@@ -42,12 +43,16 @@ def host_bound_launch(view: RankFacts, cov: Coverage) -> list[Finding]:
     if cost <= 0:
         return []
     frames = [(name, round(us / n, 3)) for name, us in hs.frames]
+    calls = [(name, round(us / n, 3)) for name, us in hs.calls]
+    in_calls = sum(us for _, us in hs.calls)
     hooks = any(h in name for name, _ in frames for h in DEEPSPEED_HOOKS)
     evidence: dict[str, Any] = {
         "starved_windows_per_step": round(len(hs.rows) / n, 2),
         "starved_compute_idle_us_per_step": round(hs.idle_us / n, 3),
         "median_window_us": round(float(np.median(hs.windows.ends - hs.windows.starts)), 3),
         "host_frames_us_per_step": [{"frame": name, "us": us} for name, us in frames],
+        "host_side_us_per_step": round(hs.host_us / n, 3),
+        "runtime_calls_us_per_step": [{"call": name, "us": us} for name, us in calls],
     }
     where = f" (most of it in {frames[0][0]})" if frames else ""
     why = (
@@ -59,8 +64,15 @@ def host_bound_launch(view: RankFacts, cov: Coverage) -> list[Finding]:
         "small kernels and cut Python and dispatcher overhead, remove Python work from the step (per-step "
         "logging, .item() in loops, Python-side loops over parameters), or give each launch more work (a larger "
         "micro-batch); CUDA graphs remove launch overhead only where ZeRO-3's hooks do not run inside the "
-        "captured region"
+        "captured region. The profiler itself slows the host (with_stack, record_shapes and profile_memory add "
+        "per-op overhead): confirm the gaps in a capture without them"
     )
+    if calls and in_calls >= DRIVER_SHARE * hs.host_us:
+        why += (
+            f"; most of the host's time there is inside CUDA runtime calls ({calls[0][0]} "
+            f"{calls[0][1] / 1000:.2f} ms per step), which do not wait for this GPU: the driver is slow to return "
+            "(contention for it with another thread, e.g. NCCL's, or the host's CPU load), not the Python"
+        )
     if hooks:
         why += (
             "; DeepSpeed's per-module hooks spend part of it: stage3_module_granularity_threshold (DeepSpeed "
