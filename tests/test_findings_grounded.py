@@ -142,6 +142,60 @@ def unexplained_is_founded(path: Path, f: Finding, exposed: dict[Any, float], st
             assert in_trace(path, loc["call_site"]), loc["call_site"]
 
 
+def _host_starved_per_step(trace: Path) -> tuple[float, float]:
+    """From one trace file's raw events, independently of the reader: per ProfilerStep, the gaps on the stream with
+    the most kernels where an activity's runtime call (`cudaLaunchKernel`, `cudaMemcpyAsync`, ...: by correlation)
+    began at least 10 µs after every activity launched before it on that stream had ended, inside a step and with
+    no synchronize call overlapping; and the communication kernel time inside those gaps (an upper bound:
+    overlapping kernels counted each)."""
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    launches = {
+        e["args"]["correlation"]: e["ts"]
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    syncs = [(e["ts"], e["ts"] + e["dur"]) for e in events if "Synchronize" in str(e.get("name", ""))]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    kernels = [
+        e
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("args", {}).get("correlation") in launches
+    ]
+    streams: dict[Any, int] = {}
+    for e in kernels:
+        streams[e["args"].get("stream")] = streams.get(e["args"].get("stream"), 0) + 1
+    compute = max(streams, key=streams.__getitem__)
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower() and e["cat"] == "kernel"]
+    queue_end, gaps, inside = None, 0, 0.0
+    for e in sorted(
+        (e for e in kernels if e["args"].get("stream") == compute), key=lambda e: launches[e["args"]["correlation"]]
+    ):
+        until = min(launches[e["args"]["correlation"]], e["ts"])
+        if queue_end is not None and until - queue_end >= 10:
+            in_step = any(a <= queue_end and until <= b for a, b in steps)
+            if in_step and not any(a < until and b > queue_end for a, b in syncs):
+                gaps += 1
+                inside += sum(max(0.0, min(until, b) - max(queue_end, a)) for a, b in comm)
+        end = e["ts"] + e["dur"]
+        queue_end = end if queue_end is None else max(queue_end, end)
+    n = max(1, len(steps))
+    return gaps / n, inside / n
+
+
+def host_bound_is_founded(path: Path, f: Finding, exposed: dict[Any, float], steps: dict[Any, int]) -> None:
+    ev = f.evidence
+    assert "cudaLaunchKernel" in names(path)
+    # the raw events hold at least as many host-starved gaps on some rank (the rule leaves out more), and at least
+    # the communication it charges runs in them
+    found = [_host_starved_per_step(p) for p in files(path)]
+    assert max(g for g, _ in found) >= ev["starved_windows_per_step"]
+    assert max(c for _, c in found) >= f.cost_us
+    assert f.cost_us <= max(exposed[r] for r in f.ranks) + 1e-6
+    assert f.fix.config is None and f.fix.env is None
+
+
 def limit_is_founded(path: Path, f: Finding, exposed: dict[Any, float], steps: dict[Any, int]) -> None:
     assert f.severity == "info" and f.evidence["awaited_gathers_per_step"] > 0
 
@@ -151,6 +205,7 @@ CHECKS = {
     "straggler": straggler_is_founded,
     "unexplained-exposure": unexplained_is_founded,
     "allgather-transfer-bound": limit_is_founded,
+    "host-bound-launch": host_bound_is_founded,
 }
 
 

@@ -72,7 +72,10 @@ def _diagnose(facts: RankFacts) -> tuple[list[Finding], CollectiveSignature | No
     cov = coverage(facts, found, LIMITS)
     for rule in RULES:
         if rule.residual is not None:
-            found += rule.residual(facts, cov)
+            more = rule.residual(facts, cov)
+            found += more
+            if more and not rule.leftover:  # what it explains is no longer unexplained for the rules after it
+                cov = coverage(facts, found, LIMITS)
     step_us = facts.step_time_us
     signature = collective_signature(facts)
     if signature is not None:
@@ -124,7 +127,7 @@ def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list
     groups: dict[tuple[str, tuple[object, ...]], list[Finding]] = {}
     for r in results:
         for f in r.findings:
-            if BY_ID[f.rule].residual is not None:
+            if BY_ID[f.rule].leftover:
                 rest = _less_cross_explained(f, r, across)
                 if rest is None:
                     continue

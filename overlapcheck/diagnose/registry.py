@@ -7,7 +7,7 @@ the order of equal-cost findings. docs/rules.md describes each rule; to add one,
 from __future__ import annotations
 
 from overlapcheck.diagnose.rule import Rule
-from overlapcheck.diagnose.rules import bandwidth, buckets, dtypes, exposure, stragglers, streams, syncs, waits
+from overlapcheck.diagnose.rules import bandwidth, buckets, dtypes, exposure, host, stragglers, streams, syncs, waits
 
 INHERENT_MIN_US = 1.0  # an inherent rule's finding is reported only from this cost per step
 
@@ -35,6 +35,7 @@ RULES: tuple[Rule, ...] = (
     stragglers.SLOW_NODE,
     bandwidth.BANDWIDTH_BOUND,
     exposure.PEER_WAIT,
+    host.HOST_BOUND_LAUNCH,
     exposure.UNEXPLAINED,
 )
 

@@ -46,7 +46,10 @@ class Rule:
       per-rank cause costs the job what it costs there;
     - `min_share`: a residual (or peer-wait) rule's findings are reported only from this share of the step;
     - `from_inherent`: a cross-rank rule whose findings explain time each rank had counted inherent, not
-      unexplained: their `covers` are not taken from the ranks' unexplained exposure.
+      unexplained: their `covers` are not taken from the ranks' unexplained exposure;
+    - `leftover`: a residual rule whose findings report the exposure no rule explains (they explain nothing): the
+      residual rules before it take their part first, and what the cross-rank findings explain on a rank comes
+      off its findings only.
     """
 
     id: str
@@ -64,6 +67,7 @@ class Rule:
     paces: bool = False
     min_share: float = 0.0
     from_inherent: bool = False  # a cross-rank rule whose `covers` each rank had counted inherent, not unexplained
+    leftover: bool = False  # a residual rule that reports what no rule explains
     needs: str = GPU_FACTS  # what of a trace it reads (GPU_FACTS: not on the
     # CPU lanes of a gloo run)
 

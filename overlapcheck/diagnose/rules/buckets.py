@@ -339,7 +339,7 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
     comm = view.is_comm & (g.nelems > 0) & (view.gpu_step >= 0 if len(view.model.steps) else True)
     if not comm.any():
         return []
-    size = np.array([_DTYPE_BYTES.get(view.names[d], 2) for d in g.dtype[comm].tolist()]) * g.nelems[comm]
+    size, shard = _buffer_bytes(view, comm)
     idx = np.flatnonzero(comm)[size < TINY_BYTES]
     per_step = len(idx) / view.n_steps
     if per_step < TINY_PER_STEP:
@@ -359,6 +359,8 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
         "per_step": round(per_step, 1),
         "by_collective": {C.COLLECTIVES[k]: int(n) for k, n in enumerate(kinds) if n},
         "median_bytes": int(np.median(size[size < TINY_BYTES])),
+        # what a size is: the full buffer (nccl-tests' size), or an all-gather's shard where only it is known
+        "sized_by": {"buffer": int((~shard[size < TINY_BYTES]).sum()), "shard": int(shard[size < TINY_BYTES].sum())},
     }
     return [
         finding(
@@ -373,6 +375,18 @@ def tiny_collectives(view: RankFacts) -> list[Finding]:
             covers=windows,
         )
     ]
+
+
+def _buffer_bytes(view: RankFacts, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per selected collective, its size as nccl-tests and bandwidth.md count it, the full buffer: max(In, Out
+    msg nelems) x element size (an all-gather's output, not its shard); and whether it is an all-gather whose
+    record gives only its input (the shard, kept as it is: the record does not say the buffer). A collective of
+    unknown element type counts 2 bytes an element, as the training dtype."""
+    g = view.gpu
+    rows = np.flatnonzero(comm)
+    elem = np.array([_DTYPE_BYTES.get(view.names[d], 2) for d in g.dtype[rows].tolist()], dtype=np.int64)
+    size = elem * np.maximum(g.nelems[rows], g.out_nelems[rows])
+    return size, (g.coll[rows] == AG) & (g.out_nelems[rows] <= 0)
 
 
 LARGE_BYTES = 16 << 20  # a reduce-scatter this large runs at the link's bandwidth: the reference rate
@@ -401,12 +415,17 @@ def small_reductions(view: RankFacts) -> list[Finding]:
     rate = nbytes[rs] / np.maximum(transfer[rs], 1e-3)  # bytes per µs at the transfer time
     small_rows: list[int] = []
     reference: dict[int, float] = {}
+    source: dict[int, str] = {}
     for pg in np.unique(g.pg[rs]).tolist():
         mine = g.pg[rs] == pg
         large = mine & (nbytes[rs] >= LARGE_BYTES)
-        if not large.any():
-            continue
-        best = float(rate[large].max())
+        if large.any():
+            best, source[int(pg)] = float(rate[large].max()), "large reduce-scatters"
+        else:
+            fitted = _asymptotic_rate(nbytes[rs[mine]], transfer[rs[mine]])
+            if fitted is None:
+                continue
+            best, source[int(pg)] = fitted, "latency-bandwidth fit"
         reference[int(pg)] = best
         small_rows += rs[mine & (rate < LATENCY_BOUND * best)].tolist()
     per_step = len(small_rows) / view.n_steps
@@ -417,6 +436,12 @@ def small_reductions(view: RankFacts) -> list[Finding]:
     target = recommended_bucket(params)
     if bucket >= target:
         return []  # the bucket is not what keeps them small (gradients flushed at the end, parameter groups)
+    # the fix merges every reduction below the recommended bucket, so each one's overhead is what it saves, the
+    # ones just above the latency-bound line included (the line decides that the pattern is there, not the saving)
+    elements = np.maximum(g.nelems, g.out_nelems)
+    small_rows = sorted(
+        set(small_rows) | {int(r) for r in rs.tolist() if int(g.pg[r]) in reference and 0 < elements[r] < target}
+    )
     throttle = iv.EMPTY
     sc = view.host_syncs
     for _, idx in sc.owned_by(REDUCE_THROTTLE):
@@ -448,6 +473,7 @@ def small_reductions(view: RankFacts) -> list[Finding]:
         "median_bytes": median_bytes,
         "median_rate_gbps": median_gbps,
         "large_rate_gbps": large_gbps,
+        "reference_from": sorted(set(source[int(pg)] for pg in reference)),
         "exposed_us_per_step": round(exposed_total / view.n_steps, 3),
         "reduce_bucket_size": bucket,
         "reduce_bucket_size_from": bucket_src,
@@ -473,6 +499,24 @@ def small_reductions(view: RankFacts) -> list[Finding]:
             covers=covers,
         )
     ]
+
+
+FIT_SIZE_RANGE = 4.0  # the largest and smallest reduce-scatter sizes a latency-bandwidth fit needs apart
+
+
+def _asymptotic_rate(nbytes: np.ndarray, transfer: np.ndarray) -> float | None:
+    """The rate (bytes per µs) a group's reduce-scatters tend to as they grow, when none is large enough to show
+    it: the Hockney (latency-bandwidth) model t = α + bytes / rate fitted by least squares to the fastest transfer
+    of each distinct size (waiting for peers is least there). Needs sizes at least FIT_SIZE_RANGE apart (closer
+    ones cannot tell α from the bytes' time) and a fit with α >= 0 and a positive rate; None otherwise."""
+    sizes = np.unique(nbytes)
+    if len(sizes) < 2 or sizes[-1] < FIT_SIZE_RANGE * sizes[0]:
+        return None
+    fastest = np.array([float(transfer[nbytes == b].min()) for b in sizes.tolist()])
+    slope, alpha = np.polyfit(sizes.astype(np.float64), fastest, 1)
+    if slope <= 0 or alpha < 0:
+        return None
+    return float(1.0 / slope)
 
 
 def reduce_transfer_bound(view: RankFacts) -> list[Finding]:

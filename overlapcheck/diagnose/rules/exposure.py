@@ -120,6 +120,7 @@ UNEXPLAINED = Rule(
     severity_cap="warning",
     blame=exposed_blames,
     min_share=WARNING_SHARE,
+    leftover=True,
 )
 
 
