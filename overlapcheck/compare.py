@@ -350,11 +350,15 @@ def compare(
     after: Report,
     distinct_by: DistinctBy | None = None,
     sources: tuple[str | None, str | None] = (None, None),
+    same_input: bool = False,
 ) -> Comparison:
-    """What changed from `before` to `after` (docs/compare-schema.md)."""
+    """What changed from `before` to `after` (docs/compare-schema.md). `same_input`: both sides were read from one
+    file or folder (said first in the notes: nothing can have changed)."""
     distinct_by = distinct_by or {}
     labels = ("before", "after")
     notes: list[str] = []
+    if same_input:
+        notes.append(f"{labels[0]} and {labels[1]} are the same input: nothing can have changed")
     b_ranks = {r.rank: r for r in before.ranks if r.rank is not None}
     a_ranks = {r.rank: r for r in after.ranks if r.rank is not None}
     shared = sorted(set(b_ranks) & set(a_ranks))

@@ -412,3 +412,15 @@ def test_the_bundled_before_and_after_pair_is_one_job_and_its_fix():
     rs = next(k for k in doc["kinds"] if k["kind"] == "reduce_scatter")["exposed_us_per_step"]
     assert rs["after"] < rs["before"] / 3  # the fix hides most of it
     assert doc["notes"] == [] or not any("world size" in n for n in doc["notes"])
+
+
+def test_comparing_an_input_with_itself_says_so_first(sims, tmp_path: Path) -> None:
+    """`compare X X` (or X and a link to it) cannot show a change: the first note says the two sides are one
+    input, so an "unchanged" verdict is not read as evidence."""
+    link = tmp_path / "same"
+    link.symlink_to(sims["healthy"])
+    result = invoke(str(sims["healthy"]), str(link), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["notes"][0] == "before and after are the same input: nothing can have changed"
+    other = invoke(str(sims["healthy"]), str(sims["deferred"]), "--format", "json")
+    assert "same input" not in other.output

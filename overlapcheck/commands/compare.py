@@ -42,6 +42,14 @@ def load_side(path: str, jobs: int | None = None, scheduler: str | None = None) 
     return report
 
 
+def _same(before: str, after: str) -> bool:
+    """Whether BEFORE and AFTER name one file or folder (also through a link or another spelling)."""
+    try:
+        return os.path.samefile(before, after)
+    except OSError:
+        return False
+
+
 @click.command("compare")
 @click.argument("before", metavar="BEFORE", callback=a_file_path)
 @click.argument("after", metavar="AFTER", callback=a_file_path)
@@ -114,7 +122,7 @@ def command(
     outputs += extra
     check_outputs([p for p, _ in outputs], force, inputs=[before, after])
     sides = load_side(before, jobs, scheduler), load_side(after, jobs, scheduler)
-    comparison = compare(*sides, distinct_by(), sources=(before, after))
+    comparison = compare(*sides, distinct_by(), sources=(before, after), same_input=_same(before, after))
     for path, name in outputs:
         atomic_write(path, compare_renderer(name).render(comparison), force)
     if not output:
