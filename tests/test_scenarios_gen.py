@@ -110,3 +110,21 @@ def test_recompute_reruns_forward_kernels_in_backward(tmp_path: Path) -> None:
         e for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm" and e["tid"] != 41000
     ]
     assert len(bwd_fwd) == 4 * 4  # 4 forward GEMMs per recomputed layer, on the autograd thread
+
+
+def test_comms_logger_syncs_the_device_after_every_collective(tmp_path: Path) -> None:
+    doc = _trace(tmp_path, Cfg(comms_logger=True, **SMALL))
+    syncs = [e for e in doc["traceEvents"] if e.get("name") == "cudaDeviceSynchronize"]
+    assert len(syncs) == len(_nccl(doc)) > 0
+    frames = {e["name"] for e in doc["traceEvents"] if e.get("cat") == "python_function"}
+    assert "deepspeed/comm/comm.py(117): log_wrapper" in frames
+
+
+def test_offload_optimizer_runs_adam_on_the_host(tmp_path: Path) -> None:
+    doc = _trace(tmp_path, Cfg(offload_opt_cpu_adam_us=30000.0, **SMALL))
+    events = doc["traceEvents"]
+    assert not [e for e in events if e.get("cat") == "kernel" and "AdamFunctor" in e["name"]]
+    adam = [e for e in events if e.get("name") == "ds_adam_step"]
+    assert len(adam) == 2 and all(e["dur"] > 29000 for e in adam)
+    dtoh = [e for e in events if e.get("name") == "Memcpy DtoH (Device -> Pinned)"]
+    assert dtoh and {e["tid"] for e in dtoh} == {24}

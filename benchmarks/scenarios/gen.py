@@ -72,6 +72,7 @@ RSFN = [
     "deepspeed/comm/comm.py(283): reduce_scatter_fn",
     "deepspeed/comm/torch.py(304): reduce_scatter_tensor",
 ]
+LOGW = "deepspeed/comm/comm.py(117): log_wrapper"
 ARFN = [  # contiguous_gradients with reduce_scatter false: the bucket is all-reduced (2x the bytes)
     f"{DS}stage3.py(1863): __avg_scatter_contiguous_grads",
     "deepspeed/comm/comm.py(117): log_wrapper",
@@ -153,6 +154,8 @@ class Cfg:
     first_step_number: int = 2  # N of the first ProfilerStep#N (2: the profiler waited 1 and warmed up 1 step)
     step0_lag_us: float = 0.0  # extra host time per sub-module in the first step (allocator warm-up, tracing)
     allreduce_grads: bool = False  # zero_optimization.reduce_scatter false: buckets all-reduced, not reduce-scattered
+    comms_logger: bool = False  # comms_logger.enabled: timed_op synchronizes the device after every collective
+    offload_opt_cpu_adam_us: float = 0.0  # offload_optimizer cpu, pinned: host µs of DeepSpeedCPUAdam per step
     norm_sync: bool = False  # DeepSpeed < 0.14.5 gradient clipping: global-norm all-reduce + .item() in step()
     expert_allreduce_numel: int = 0  # MoE: expert grads all-reduced on the expert-DP group, on the reduce stream
     qwz: bool = False  # ZeRO++ qwZ: int8 weight all-gathers + their fp32 scales, quantize / dequantize kernels
@@ -449,6 +452,8 @@ class Sim:
         res: dict[int, tuple[float, float]] = {}
         evs = {}
         late_rank = self.rng.randrange(self.world) if self.c.random_late_us else -1
+        if self.c.comms_logger:  # every deepspeed.comm op runs inside comm.py's log_wrapper (timed_op)
+            stack = {k: [*v[:-1], LOGW, v[-1]] for k, v in stack.items()}
         for r in members:
             tid = tids[r.rank]
             self.frames(r, tid, stack[r.rank])
@@ -496,6 +501,21 @@ class Sim:
                 args={"External id": e["args"]["External id"]},
             )
             res[r.rank] = (s, end)
+        if self.c.comms_logger:  # log_wrapper: get_accelerator().synchronize() once the op returned, then log it
+            for r in members:
+                tid = tids[r.rank]
+                self.frames(
+                    r,
+                    tid,
+                    [
+                        *stack[r.rank][:-1],
+                        "deepspeed/accelerator/cuda_accelerator.py(79): synchronize",
+                        "torch/cuda/__init__.py(985): synchronize",
+                    ],
+                )
+                self.block(r, tid, "cudaDeviceSynchronize", max(r.streams.values()))
+                self.frames(r, tid, stack[r.rank][:-1])
+                r.host += 25.0  # the logger's bookkeeping (msg size, latency, bandwidth)
         return res
 
     # ---------- the training step ----------
@@ -950,6 +970,19 @@ class Sim:
         for r in self.ranks:
             self.frames(r, r.tid_bwd, pre + [f"{DS}stage3.py(1886): partition_grads"])
             self.launch(r, r.tid_bwd, CAST, rs_stream, numel / self.world * 6 / 2.6e6 + 3.0, op="aten::copy_")
+            if c.offload_opt_cpu_adam_us:  # offload_optimizer, pinned, >= 0.19.5: the fp32 grad partition to the host
+                nbytes = numel // self.world * 4
+                self.launch(
+                    r,
+                    r.tid_bwd,
+                    "Memcpy DtoH (Device -> Pinned)",
+                    rs_stream,
+                    nbytes / (22.0 * 1e3),
+                    cat="gpu_memcpy",
+                    op="aten::copy_",
+                    runtime="cudaMemcpyAsync",
+                    extra={"bytes": nbytes},
+                )
             self.runtime(r, r.tid_bwd, "cudaEventRecord", 1.5)
         self.outstanding.append({r.rank: r.streams[rs_stream] for r in self.ranks})
         del res
@@ -1002,10 +1035,62 @@ class Sim:
             )
             self.block(r, r.tid_main, "cudaStreamSynchronize", r.streams[COMPUTE])
 
+    def cpu_optimizer(self, numel: int) -> None:
+        """offload_optimizer to CPU (pinned): DeepSpeedCPUAdam on the host (the gradients are already there, the
+        epilogue synchronized the reduce stream), then the updated bf16 partition copied back, pinned and async."""
+        for r in self.ranks:
+            self.frames(r, r.tid_main, STEP + [f"{DS}stage3.py(2245): step", f"{DS}stage3.py(2156): _optimizer_step"])
+            self.frames(
+                r,
+                r.tid_main,
+                [
+                    *STEP,
+                    f"{DS}stage3.py(2245): step",
+                    f"{DS}stage3.py(2156): _optimizer_step",
+                    "deepspeed/ops/adam/cpu_adam.py(144): step",
+                ],
+            )
+            r.ext += 1
+            t0 = r.host
+            r.host += self.c.offload_opt_cpu_adam_us * (0.98 + 0.04 * self.rng.random())
+            self.ev(
+                r,
+                cat="cpu_op",
+                name="ds_adam_step",
+                pid=r.pid,
+                tid=r.tid_main,
+                ts=t0,
+                dur=r.host - t0,
+                args={"External id": r.ext, "Record function id": 0},
+            )
+            self.frames(
+                r,
+                r.tid_main,
+                STEP
+                + [f"{DS}stage3.py(2245): step", f"{DS}stage3.py(2181): _reassign_or_swap_out_partitioned_parameters"],
+            )
+            self.launch(
+                r,
+                r.tid_main,
+                "Memcpy HtoD (Pinned -> Device)",
+                COMPUTE,
+                numel * 2 / (22.0 * 1e3),
+                cat="gpu_memcpy",
+                op="aten::copy_",
+                runtime="cudaMemcpyAsync",
+                extra={"bytes": numel * 2},
+            )
+            self.frames(r, r.tid_main, STEP + [f"{DS}stage3.py(2210): _post_step"])
+            r.host += 40.0
+            self.frames(r, r.tid_main, [])
+
     def optimizer(self) -> None:
         numel = (sum(self.layer_params) * self.c.layers + self.c.embed_numel) // self.world
         if self.c.norm_sync:
             self.norm_sync()
+        if self.c.offload_opt_cpu_adam_us:
+            self.cpu_optimizer(numel)
+            return
         for r in self.ranks:
             self.frames(r, r.tid_main, STEP + [f"{DS}stage3.py(2245): step"])
             self.wait_event(r, r.tid_main)

@@ -387,6 +387,22 @@ def scenarios() -> list[Scenario]:
             kind="healthy",
         )
     )
+    s.append(
+        Scenario(
+            "healthy-offload-optimizer-2x4",
+            "offload_optimizer to CPU with pin_memory on DeepSpeed 0.19.8: partition_grads copies each fp32 gradient "
+            "partition to pinned host memory asynchronously on the reduce stream (PR #8207: no blocking copy), the "
+            "epilogue's stream sync is the only wait, DeepSpeedCPUAdam then runs ~60 ms on the host while the GPU "
+            "idles, and the updated bf16 partition goes back with a pinned async HtoD copy. The GPU idle is the "
+            "CPU optimizer's, no communication is exposed by it. Expect nothing above info; never "
+            "offload-blocking-copy (pinned, async) / host-sync / offload-param-copy",
+            Cfg(offload_opt_cpu_adam_us=60000.0, seed=67),
+            ds=_ds(offload_optimizer={"device": "cpu", "pin_memory": True}),
+            forbid=("offload-blocking-copy", "host-sync", "offload-param-copy"),
+            kind="healthy",
+            run_json=True,
+        )
+    )
     # ---- round 5: causes ----
     s.append(
         Scenario(
@@ -445,6 +461,37 @@ def scenarios() -> list[Scenario]:
             fix="zero_optimization.reduce_scatter",
             ds=_ds(reduce_scatter=False),
             also_ok=("bandwidth-bound", *LIMITS, "cross-stream-wait", "peer-wait"),
+        )
+    )
+    s.append(
+        Scenario(
+            "comms-logger-2x4",
+            "comms_logger.enabled true: deepspeed.comm's log_wrapper (timed_op) calls get_accelerator().synchronize() "
+            "after every collective (zero3-overlap.md, Other synchronizations, first row; rule hint 4), so the host "
+            "waits for each all-gather and reduce-scatter to end before it issues anything else: prefetch cannot "
+            "run ahead and backward's gradient hooks stall. Expect comms-logger-sync, fix comms_logger.enabled",
+            Cfg(comms_logger=True, seed=65),
+            expect=("comms-logger-sync",),
+            fix="comms_logger.enabled",
+            ds=_ds(top_comms_logger={"enabled": True, "verbose": False, "prof_all": True, "debug": False}),
+            also_ok=("host-sync",),
+        )
+    )
+    s.append(
+        Scenario(
+            "p2p-disabled-1x8",
+            "one node of 8 GPUs with NCCL_P2P_DISABLE=1 (run.json env): NVLink unused, NCCL goes through host shared "
+            "memory at ~20 GB/s busbw instead of ~330 (bandwidth.md: the slowest hop bounds the ring). Each "
+            "~100 MB gather takes ~4.4 ms against ~3.3 ms of forward compute per layer: exposed in forward although "
+            "prefetch works. Expect bandwidth-bound or a transfer-bound limit, never allgather-not-prefetched; the "
+            "right fix (unset NCCL_P2P_DISABLE) is an env no rule names, so not scored",
+            Cfg(nodes=1, gpn=8, intra_gbps=20.0, seed=66),
+            expect=("bandwidth-bound", *LIMITS),
+            fix=ANY,
+            also_ok=("bandwidth-bound", *LIMITS, "cross-stream-wait", "peer-wait"),
+            forbid=("allgather-not-prefetched",),
+            run_json=True,
+            env={"NCCL_P2P_DISABLE": "1"},
         )
     )
     # ---- round 5: symptom without cause ----
