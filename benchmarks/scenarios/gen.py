@@ -729,9 +729,9 @@ class Sim:
             for r in self.ranks:
                 self.frames(r, r.tid_main, TRAIN)
                 self.frames(r, r.tid_main, TRAIN + ["torch/utils/data/dataloader.py(733): __next__"])
-                r.host += (
-                    180 + 30 * self.rng.random() + c.dataloader_us.get(step, 0.0) * (0.97 + 0.06 * self.rng.random())
-                )
+                r.host += 180 + 30 * self.rng.random()
+                if step in c.dataloader_us:  # drawn only then: the other scenarios keep their random sequence
+                    r.host += c.dataloader_us[step] * (0.97 + 0.06 * self.rng.random())
                 self.frames(r, r.tid_main, TRAIN)
                 self.launch(
                     r,
