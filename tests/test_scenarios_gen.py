@@ -70,7 +70,7 @@ def test_embedding_gradient_is_the_last_bucket(tmp_path: Path) -> None:
 
 
 def test_first_step_without_prefetch_and_step_numbering(tmp_path: Path) -> None:
-    cfg = Cfg(step0_no_prefetch=True, step0_lag_us=8000.0, first_step_number=0, layers=3, steps=2)
+    cfg = Cfg(step0_no_prefetch=True, step0_lag_us=8000.0, first_step_number=0, layers=4, steps=2)
     doc = _trace(tmp_path, cfg)
     steps = sorted((e["ts"], e["name"]) for e in doc["traceEvents"] if e["name"].startswith("ProfilerStep#"))
     assert [n for _, n in steps] == ["ProfilerStep#0", "ProfilerStep#1"]
