@@ -32,6 +32,7 @@ COMPUTE = 7
 AG_STREAM = 20  # ProcessGroupNCCL stream of the world group (all-gathers, async_op=True)
 RS_STREAM = 24  # DeepSpeed's reduce_and_partition_stream (reduce-scatter runs on it, async_op=False, torch >= 2.8)
 FETCH_STREAM = 22  # DeepSpeed's __allgather_stream (the handle's unflatten / wait side)
+HPZ_STREAM = 28  # ProcessGroupNCCL stream of hpZ's per-node zero_param_process_group
 A2A_STREAM = 7  # MoE all-to-all: synchronous, on the current stream
 T0_US = 5_121_000_000.0  # trace clock origin, µs
 BASE_NS = 1_764_633_600_000_000_000
@@ -71,6 +72,13 @@ RSFN = [
     "deepspeed/comm/comm.py(283): reduce_scatter_fn",
     "deepspeed/comm/torch.py(304): reduce_scatter_tensor",
 ]
+LOGW = "deepspeed/comm/comm.py(117): log_wrapper"
+ARFN = [  # contiguous_gradients with reduce_scatter false: the bucket is all-reduced (2x the bytes)
+    f"{DS}stage3.py(1863): __avg_scatter_contiguous_grads",
+    "deepspeed/comm/comm.py(117): log_wrapper",
+    "deepspeed/comm/comm.py(497): all_reduce",
+    "deepspeed/comm/torch.py(156): all_reduce",
+]
 STEP = [*TRAIN, "deepspeed/runtime/engine.py(2409): step", "deepspeed/runtime/engine.py(2321): _take_model_step"]
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"
@@ -84,7 +92,22 @@ CAST = "void at::native::vectorized_elementwise_kernel<4, at::native::direct_cop
 DIV = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::DivFunctor<c10::BFloat16> >, std::array<char*, 3ul> >(int, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::DivFunctor<c10::BFloat16> >, std::array<char*, 3ul>)"
 LOSS = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, c10::BFloat16, float, float, at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, c10::BFloat16 const*, int)"
 
-DTYPE = {"bf16": ("BFloat16", 2, "bf16"), "fp32": ("Float", 4, "f32"), "fp16": ("Half", 2, "f16")}
+EMB_B = "void at::native::(anonymous namespace)::embedding_backward_feature_kernel<c10::BFloat16, float, long>(long const*, c10::BFloat16 const*, float*, int, long, int)"
+
+QUANT = "void cached_quantization<__nv_bfloat16, 1, 8, 4, 8>(signed char*, float*, __nv_bfloat16 const*, int, int, int)"
+DEQUANT = (
+    "void dequantize_kernel<__nv_bfloat16, 8, 8>(__nv_bfloat16*, signed char const*, float const*, int, int, int, int)"
+)
+QGROUP = 2048  # elements per quantization group (one fp32 scale each)
+
+NORM = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::NormTwoOps<float, float, float>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::NormTwoOps<float, float, float>, unsigned int, float, 4>)"
+
+DTYPE = {
+    "int8": ("Char", 1, "i8"),
+    "bf16": ("BFloat16", 2, "bf16"),
+    "fp32": ("Float", 4, "f32"),
+    "fp16": ("Half", 2, "f16"),
+}
 
 
 @dataclass
@@ -123,6 +146,20 @@ class Cfg:
     contention: float = 1.5  # a collective's time when the other kind holds the link at its start
     seed: int = 0
     extra_params: list[int] = field(default_factory=list)  # small per-layer params (layer norms, biases)
+    # ---- round 5 ----
+    recompute: bool = False  # activation checkpointing: each layer's forward re-run in backward before its grads
+    hpz: bool = False  # ZeRO++ hpZ (zero_hpz_partition_size = gpn): backward gathers inside the node's own group
+    dataloader_us: dict[int, float] = field(default_factory=dict)  # step -> host µs in DataLoader.__next__
+    step0_no_prefetch: bool = False  # DeepSpeed's trace cache is being recorded in the first step: no prefetch
+    first_step_number: int = 2  # N of the first ProfilerStep#N (2: the profiler waited 1 and warmed up 1 step)
+    step0_lag_us: float = 0.0  # extra host time per sub-module in the first step (allocator warm-up, tracing)
+    allreduce_grads: bool = False  # zero_optimization.reduce_scatter false: buckets all-reduced, not reduce-scattered
+    comms_logger: bool = False  # comms_logger.enabled: timed_op synchronizes the device after every collective
+    offload_opt_cpu_adam_us: float = 0.0  # offload_optimizer cpu, pinned: host µs of DeepSpeedCPUAdam per step
+    norm_sync: bool = False  # DeepSpeed < 0.14.5 gradient clipping: global-norm all-reduce + .item() in step()
+    expert_allreduce_numel: int = 0  # MoE: expert grads all-reduced on the expert-DP group, on the reduce stream
+    qwz: bool = False  # ZeRO++ qwZ: int8 weight all-gathers + their fp32 scales, quantize / dequantize kernels
+    embed_numel: int = 0  # an untied input embedding in layer 0: gathered with it, its gradient produced last
 
 
 @dataclass
@@ -158,6 +195,12 @@ class Sim:
         self.layer_params = [3 * h * h, h * h, 4 * h * h, 4 * h * h, *cfg.extra_params]
         self.bucket: list[int] = []
         self.seq = {"0": 0, "1": 0}
+        self.step = 0
+        # extra process groups (name, ranks): hpZ's per-node secondary-partition groups
+        self.extra_pgs: list[tuple[str, list[int]]] = []
+        if cfg.hpz:
+            for n in range(cfg.nodes):
+                self.extra_pgs.append((str(2 + n), list(range(n * cfg.gpn, (n + 1) * cfg.gpn))))
         self.outstanding: list[dict[int, float]] = []  # reduce events recorded, per rank: when they complete
         self.inflight: dict[str, float] = {}
 
@@ -171,11 +214,12 @@ class Sim:
         nic = min(self.c.nic_by_node.get(n, self.c.nic_gbps) for n in range(self.c.nodes))
         return min(self.c.intra_gbps, nic)
 
-    def xfer_us(self, nbytes: float, kind: str) -> float:
-        n = self.world
+    def xfer_us(self, nbytes: float, kind: str, n: int | None = None, intra: bool = False) -> float:
+        n = n or self.world
         factor = {"ag": (n - 1) / n, "rs": (n - 1) / n, "ar": 2 * (n - 1) / n, "a2a": (n - 1) / n}[kind]
-        alpha = (10.0 if self.c.nodes == 1 else 24.0) + 3.0 * math.log2(n)
-        return (alpha + nbytes * factor / (self.busbw() * 1e3)) * self.jit()
+        alpha = (10.0 if self.c.nodes == 1 or intra else 24.0) + 3.0 * math.log2(n)
+        bw = self.c.intra_gbps if intra else self.busbw()
+        return (alpha + nbytes * factor / (bw * 1e3)) * self.jit()
 
     def speed(self, r: Rank) -> float:
         return self.c.gpu_speed.get(r.rank, 1.0) * self.c.node_speed.get(r.node, 1.0)
@@ -357,17 +401,23 @@ class Sim:
         stack: dict[int, list[str]],
         deps: dict[int, tuple[float, ...]],
         dtype: str = "bf16",
+        group: list[int] | None = None,
+        pg_name: str | None = None,
     ) -> dict[int, tuple[float, float]]:
+        """One collective on the world (or on `group`, a communicator inside one node, named `pg_name`)."""
         tname, size, suf = DTYPE[dtype]
-        pg = "0" if kind in ("ag", "a2a") else "1"
-        self.seq[pg] += 1
+        pg = pg_name or ("0" if kind in ("ag", "a2a") else "1")
+        members = [self.ranks[i] for i in group] if group else self.ranks
+        n = len(members)
+        intra = group is not None and len({r.node for r in members}) == 1
+        self.seq[pg] = self.seq.get(pg, 0) + 1
         nbytes = nelems * size
-        x = self.xfer_us(nbytes, kind)
+        x = self.xfer_us(nbytes, kind, n, intra)
         # all-gathers and reduce-scatters share the node's NICs: one that starts while the other kind is still in
         # flight moves at a share of the link (a crude model; NCCL rings on one NIC interleave their chunks)
-        first = min(max(r.host, r.streams.get(stream_of[r.rank], 0.0)) for r in self.ranks)
+        first = min(max(r.host, r.streams.get(stream_of[r.rank], 0.0)) for r in members)
         other = self.inflight.get("rs" if kind == "ag" else "ag", 0.0)
-        if self.c.nodes > 1 and other > first:
+        if self.c.nodes > 1 and not intra and other > first:
             x *= self.c.contention
         info = {
             "ag": (
@@ -382,6 +432,12 @@ class Sim:
                 "c10d::_reduce_scatter_base_",
                 f"ncclDevKernel_ReduceScatter_Sum_{suf}_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
             ),
+            "ar": (
+                "allreduce",
+                "nccl:all_reduce",
+                "c10d::allreduce_",
+                f"ncclDevKernel_AllReduce_Sum_{suf}_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            ),
             "a2a": (
                 "all_to_allv",
                 "nccl:all_to_all",
@@ -389,12 +445,16 @@ class Sim:
                 "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
             ),
         }[kind]
-        shard = nelems // self.world
-        ins, outs = {"ag": (shard, nelems), "rs": (nelems, shard), "a2a": (nelems, nelems)}[kind]
+        shard = nelems // n
+        ins, outs = {"ag": (shard, nelems), "rs": (nelems, shard), "a2a": (nelems, nelems), "ar": (nelems, nelems)}[
+            kind
+        ]
         res: dict[int, tuple[float, float]] = {}
         evs = {}
         late_rank = self.rng.randrange(self.world) if self.c.random_late_us else -1
-        for r in self.ranks:
+        if self.c.comms_logger:  # every deepspeed.comm op runs inside comm.py's log_wrapper (timed_op)
+            stack = {k: [*v[:-1], LOGW, v[-1]] for k, v in stack.items()}
+        for r in members:
             tid = tids[r.rank]
             self.frames(r, tid, stack[r.rank])
             comm = {
@@ -403,12 +463,12 @@ class Sim:
                 "dtype": tname,
                 "In msg nelems": ins,
                 "Out msg nelems": outs,
-                "Group size": self.world,
+                "Group size": n,
                 "In split size": "[]",
                 "Out split size": "[]",
                 "Process Group Name": pg,
                 "Process Group Description": "default_pg" if pg == "0" else "undefined",
-                "Process Group Ranks": "[" + ", ".join(str(i) for i in range(self.world)) + "]",
+                "Process Group Ranks": "[" + ", ".join(str(m.rank) for m in members) + "]",
                 "Rank": r.rank,
                 "Seq": self.seq[pg],
             }
@@ -420,8 +480,9 @@ class Sim:
             evs[r.rank] = (s, e)
         last = max(s for s, _ in evs.values())
         end = last + x
-        self.inflight[kind] = end
-        for r in self.ranks:
+        if not intra:
+            self.inflight[kind] = end
+        for r in members:
             s, e = evs[r.rank]
             dur = end - s
             drift = self.c.drift_ppm.get(r.node, 0.0) * 1e-6
@@ -440,6 +501,21 @@ class Sim:
                 args={"External id": e["args"]["External id"]},
             )
             res[r.rank] = (s, end)
+        if self.c.comms_logger:  # log_wrapper: get_accelerator().synchronize() once the op returned, then log it
+            for r in members:
+                tid = tids[r.rank]
+                self.frames(
+                    r,
+                    tid,
+                    [
+                        *stack[r.rank][:-1],
+                        "deepspeed/accelerator/cuda_accelerator.py(79): synchronize",
+                        "torch/cuda/__init__.py(985): synchronize",
+                    ],
+                )
+                self.block(r, tid, "cudaDeviceSynchronize", max(r.streams.values()))
+                self.frames(r, tid, stack[r.rank][:-1])
+                r.host += 25.0  # the logger's bookkeeping (msg size, latency, bandwidth)
         return res
 
     # ---------- the training step ----------
@@ -492,6 +568,41 @@ class Sim:
                 r.host += self.c.lag_host_us / len(kernels)
         return end
 
+    def recompute(self, r: Rank, dep: float) -> None:
+        """Activation checkpointing: the layer's forward kernels again, inside CheckpointFunctionBackward."""
+        stack = [
+            "torch/autograd/function.py(307): apply",
+            "deepspeed/runtime/activation_checkpointing/checkpointing.py(689): backward",
+            "torch/nn/modules/module.py(1784): _call_impl",
+            "model.py(74): forward",
+        ]
+        self.frames(r, r.tid_bwd, stack)
+        t0 = r.host
+        r.ext += 1
+        ext = r.ext
+        for i, (name, op, us) in enumerate(self.layer_kernels(False)):
+            self.launch(
+                r,
+                r.tid_bwd,
+                name,
+                COMPUTE,
+                us * self.speed(r) * math.exp(self.rng.gauss(0, 0.015)),
+                (dep,) if i == 0 else (),
+                op=op,
+            )
+        self.ev(
+            r,
+            cat="cpu_op",
+            name="autograd::engine::evaluate_function: CheckpointFunctionBackward",
+            pid=r.pid,
+            tid=r.tid_bwd,
+            ts=t0,
+            dur=r.host - t0 + 0.5,
+            args={"External id": ext, "Record function id": 0, "Sequence number": ext},
+        )
+        r.host += 1.0
+        self.frames(r, r.tid_bwd, ["torch/autograd/function.py(307): apply"])
+
     def layer_kernels(self, backward: bool) -> list[tuple[str, str, float]]:
         h, t = self.c.hidden, self.c.tokens
         f = 2 * t / (self.c.eff_tflops * 1e6)  # µs per parameter
@@ -527,6 +638,8 @@ class Sim:
         done: dict[int, dict[int, float]] = {}
         for li in layers:
             numel = sum(p for p in self.layer_params if p > self.c.persist_threshold)
+            if li == 0:
+                numel += self.c.embed_numel
             tids = {r.rank: (r.tid_bwd if backward else r.tid_main) for r in self.ranks}
             base = (BFETCH if backward else FWD + FETCH) + AGC
             stacks = {r.rank: base + AGFN for r in self.ranks}
@@ -549,21 +662,76 @@ class Sim:
                         blocking=True,
                     )
                     deps[r.rank] = (e,)
-            stream = {r.rank: AG_STREAM for r in self.ranks}
-            res = self.collective("ag", numel, stream, tids, stacks, deps)
+            if self.c.qwz:  # quantize the shard on the gather stream, all-gather int8 + scales, dequantize
+                res = self.quantized_gather(numel, tids, base, stacks)
+            elif (
+                self.c.hpz and backward
+            ):  # hpZ: gather the node's secondary partition inside the node (own communicator)
+                res = {}
+                for pg, members in self.extra_pgs:
+                    res.update(
+                        self.collective(
+                            "ag",
+                            numel,
+                            {m: HPZ_STREAM for m in members},
+                            tids,
+                            stacks,
+                            deps,
+                            group=members,
+                            pg_name=pg,
+                        )
+                    )
+            else:
+                stream = {r.rank: AG_STREAM for r in self.ranks}
+                res = self.collective("ag", numel, stream, tids, stacks, deps)
             done[li] = {k: v[1] for k, v in res.items()}
         return done
+
+    def quantized_gather(
+        self, numel: int, tids: dict[int, int], base: list[str], stacks: dict[int, list[str]]
+    ) -> dict[int, tuple[float, float]]:
+        """qwZ (zero_quantized_weights): the gather side of ZeRO++ as all_gather_coalesced runs it."""
+        qstack = [
+            *base,
+            f"{DS}partition_parameters.py(1188): _all_gather_dtype",
+            "deepspeed/ops/quantizer.py(58): quantize",
+        ]
+        deps: dict[int, tuple[float, ...]] = {}
+        shard = numel // self.world
+        for r in self.ranks:
+            self.frames(r, tids[r.rank], qstack)
+            _, e, _ = self.launch(r, tids[r.rank], QUANT, FETCH_STREAM, shard * 3 / 2.6e6 + 4.0, op="aten::empty")
+            deps[r.rank] = (e,)
+        stream = {r.rank: AG_STREAM for r in self.ranks}
+        data = self.collective("ag", numel, stream, tids, stacks, deps, dtype="int8")
+        scales = self.collective("ag", max(self.world, numel // QGROUP), stream, tids, stacks, {}, dtype="fp32")
+        res: dict[int, tuple[float, float]] = {}
+        for r in self.ranks:
+            self.frames(
+                r,
+                tids[r.rank],
+                [*base, f"{DS}partition_parameters.py(1021): wait", "deepspeed/ops/quantizer.py(77): dequantize"],
+            )
+            self.runtime(r, tids[r.rank], "cudaStreamWaitEvent", 1.5)
+            s, e, _ = self.launch(
+                r, tids[r.rank], DEQUANT, FETCH_STREAM, numel * 3 / 2.6e6 + 4.0, (data[r.rank][1], scales[r.rank][1])
+            )
+            res[r.rank] = (data[r.rank][0], e)
+        return res
 
     def run(self) -> None:
         c = self.c
         for r in self.ranks:
             r.host = 200.0 + 40 * self.rng.random()
         for step in range(c.steps):
+            self.step = step
             step_start = {r.rank: r.host for r in self.ranks}
             for r in self.ranks:
                 self.frames(r, r.tid_main, TRAIN)
                 self.frames(r, r.tid_main, TRAIN + ["torch/utils/data/dataloader.py(733): __next__"])
                 r.host += 180 + 30 * self.rng.random()
+                if step in c.dataloader_us:  # drawn only then: the other scenarios keep their random sequence
+                    r.host += c.dataloader_us[step] * (0.97 + 0.06 * self.rng.random())
                 self.frames(r, r.tid_main, TRAIN)
                 self.launch(
                     r,
@@ -591,7 +759,7 @@ class Sim:
                 self.ev(
                     r,
                     cat="user_annotation",
-                    name=f"ProfilerStep#{step + 2}",
+                    name=f"ProfilerStep#{step + c.first_step_number}",
                     pid=r.pid,
                     tid=r.tid_main,
                     ts=step_start[r.rank] - 1.0,
@@ -603,11 +771,14 @@ class Sim:
     def forward(self) -> None:
         c = self.c
         ready: dict[int, dict[int, float]] = {}
+        first = self.step == 0
+        ahead = 0 if first and c.step0_no_prefetch else c.prefetch_layers
+        lag = c.lag_host_us + (c.step0_lag_us if first else 0.0)
         for li in range(c.layers):
-            want = [x for x in range(li, min(c.layers, li + 1 + c.prefetch_layers)) if x not in ready]
+            want = [x for x in range(li, min(c.layers, li + 1 + ahead)) if x not in ready]
             for r in self.ranks:
                 self.frames(r, r.tid_main, FWD + FETCH)
-                r.host += c.fetch_host_us + c.lag_host_us
+                r.host += c.fetch_host_us + lag
             if want:
                 ready.update(self.gathers(want, backward=False))
             for r in self.ranks:
@@ -669,12 +840,15 @@ class Sim:
         for r in self.ranks:
             self.frames(r, r.tid_main, BWD + ["torch/autograd/graph.py(829): _engine_run_backward"])
             r.host += 25.0
+        first = self.step == 0
+        ahead = 0 if first and c.step0_no_prefetch else c.prefetch_layers
+        lag = c.lag_host_us + (c.step0_lag_us if first else 0.0)
         for li in reversed(range(c.layers)):
-            want = [x for x in range(li, max(-1, li - 1 - c.prefetch_layers), -1) if x not in ready]
+            want = [x for x in range(li, max(-1, li - 1 - ahead), -1) if x not in ready]
             for r in self.ranks:
                 r.host = max(r.host, 0.0)
                 self.frames(r, r.tid_bwd, BFETCH)
-                r.host += c.fetch_host_us + c.lag_host_us
+                r.host += c.fetch_host_us + lag
             if want:
                 ready.update(self.gathers(want, backward=True))
             for r in self.ranks:
@@ -682,6 +856,9 @@ class Sim:
                     r, r.tid_bwd, BFETCH + [f"{DS}partitioned_param_coordinator.py(418): _fetch_sub_module_impl"]
                 )
                 self.wait_event(r, r.tid_bwd)
+            if c.recompute:  # CheckpointFunction.backward re-runs the layer's forward on the autograd thread
+                for r in self.ranks:
+                    self.recompute(r, ready[li][r.rank])
             # each parameter's gradient hook fires once the kernels producing its gradient were launched
             kern = self.layer_kernels(True)
             segments = [(kern[0:2], 3), (kern[2:4], 2), (kern[4:7], 1), (kern[7:10], 0)]
@@ -692,6 +869,13 @@ class Sim:
                 self.grad_hook(self.layer_params[p], rs_stream)
             for p in self.layer_params[4:]:
                 self.grad_hook(p, rs_stream)
+            if li == 0 and c.embed_numel:  # the embedding's backward (index_add) is the last compute of backward
+                for r in self.ranks:
+                    self.frames(r, r.tid_bwd, ["torch/autograd/function.py(307): apply"])
+                    self.compute(
+                        r, r.tid_bwd, [(EMB_B, "aten::embedding_dense_backward", c.tokens * c.hidden * 2 * 3 / 2.4e6)]
+                    )
+                self.grad_hook(c.embed_numel, rs_stream)
         for r in self.ranks:
             self.frames(
                 r,
@@ -762,7 +946,7 @@ class Sim:
                 self.frames(r, r.tid_bwd, pre + ["torch/cuda/streams.py(225): synchronize"])
                 self.block(r, r.tid_bwd, "cudaEventSynchronize", until[r.rank])
         for r in self.ranks:
-            self.frames(r, r.tid_bwd, pre + RSFN[:1])
+            self.frames(r, r.tid_bwd, pre + (ARFN if c.allreduce_grads else RSFN)[:1])
             if c.comm_dtype != "bf16":
                 self.launch(r, r.tid_bwd, CAST, rs_stream, numel * 6 / 2.6e6 + 3.0, op="aten::to")
             self.launch(
@@ -773,24 +957,140 @@ class Sim:
                 numel * (4 if c.comm_dtype == "fp32" else 2) * 2 / 2.6e6 + 3.0,
                 op="aten::div_",
             )
+        fn = ARFN if c.allreduce_grads else RSFN
         res = self.collective(
-            "rs",
+            "ar" if c.allreduce_grads else "rs",
             numel,
             {r.rank: rs_stream for r in self.ranks},
             {r.rank: r.tid_bwd for r in self.ranks},
-            {r.rank: pre + RSFN for r in self.ranks},
+            {r.rank: pre + fn for r in self.ranks},
             {},
             dtype=c.comm_dtype,
         )
         for r in self.ranks:
             self.frames(r, r.tid_bwd, pre + [f"{DS}stage3.py(1886): partition_grads"])
             self.launch(r, r.tid_bwd, CAST, rs_stream, numel / self.world * 6 / 2.6e6 + 3.0, op="aten::copy_")
+            if c.offload_opt_cpu_adam_us:  # offload_optimizer, pinned, >= 0.19.5: the fp32 grad partition to the host
+                nbytes = numel // self.world * 4
+                self.launch(
+                    r,
+                    r.tid_bwd,
+                    "Memcpy DtoH (Device -> Pinned)",
+                    rs_stream,
+                    nbytes / (22.0 * 1e3),
+                    cat="gpu_memcpy",
+                    op="aten::copy_",
+                    runtime="cudaMemcpyAsync",
+                    extra={"bytes": nbytes},
+                )
             self.runtime(r, r.tid_bwd, "cudaEventRecord", 1.5)
         self.outstanding.append({r.rank: r.streams[rs_stream] for r in self.ranks})
         del res
 
+    def norm_sync(self) -> None:
+        """DeepSpeed < 0.14.5 stage3 step(): the gradient norm of the partition, an all-reduce of it over the data-
+        parallel group (synchronous: on the current stream) and `.item()` on it (DtoH copy + stream sync)."""
+        numel = (sum(self.layer_params) * self.c.layers) // self.world
+        stack = STEP + [
+            f"{DS}stage3.py(2245): step",
+            f"{DS}stage3.py(2062): _overflow_clean_and_get_norm",
+            f"{DS}stage3.py(1675): get_grad_norm_direct",
+        ]
+        for r in self.ranks:
+            self.frames(r, r.tid_main, stack)
+            self.wait_event(r, r.tid_main)
+            self.launch(
+                r,
+                r.tid_main,
+                NORM,
+                COMPUTE,
+                numel * 4 / 2.6e6 + 4.0,
+                (r.streams.get(RS_STREAM, 0.0),),
+                op="aten::linalg_vector_norm",
+            )
+        self.collective(
+            "ar",
+            1,
+            {r.rank: COMPUTE for r in self.ranks},
+            {r.rank: r.tid_main for r in self.ranks},
+            {
+                r.rank: [*stack, "deepspeed/comm/comm.py(117): log_wrapper", "deepspeed/comm/torch.py(156): all_reduce"]
+                for r in self.ranks
+            },
+            {},
+            dtype="fp32",
+        )
+        for r in self.ranks:
+            self.frames(r, r.tid_main, [*stack, "torch/_tensor.py(1120): item"])
+            self.launch(
+                r,
+                r.tid_main,
+                "Memcpy DtoH (Device -> Pageable)",
+                COMPUTE,
+                2.0,
+                cat="gpu_memcpy",
+                op="aten::_local_scalar_dense",
+                runtime="cudaMemcpyAsync",
+                extra={"bytes": 4},
+            )
+            self.block(r, r.tid_main, "cudaStreamSynchronize", r.streams[COMPUTE])
+
+    def cpu_optimizer(self, numel: int) -> None:
+        """offload_optimizer to CPU (pinned): DeepSpeedCPUAdam on the host (the gradients are already there, the
+        epilogue synchronized the reduce stream), then the updated bf16 partition copied back, pinned and async."""
+        for r in self.ranks:
+            self.frames(r, r.tid_main, STEP + [f"{DS}stage3.py(2245): step", f"{DS}stage3.py(2156): _optimizer_step"])
+            self.frames(
+                r,
+                r.tid_main,
+                [
+                    *STEP,
+                    f"{DS}stage3.py(2245): step",
+                    f"{DS}stage3.py(2156): _optimizer_step",
+                    "deepspeed/ops/adam/cpu_adam.py(144): step",
+                ],
+            )
+            r.ext += 1
+            t0 = r.host
+            r.host += self.c.offload_opt_cpu_adam_us * (0.98 + 0.04 * self.rng.random())
+            self.ev(
+                r,
+                cat="cpu_op",
+                name="ds_adam_step",
+                pid=r.pid,
+                tid=r.tid_main,
+                ts=t0,
+                dur=r.host - t0,
+                args={"External id": r.ext, "Record function id": 0},
+            )
+            self.frames(
+                r,
+                r.tid_main,
+                STEP
+                + [f"{DS}stage3.py(2245): step", f"{DS}stage3.py(2181): _reassign_or_swap_out_partitioned_parameters"],
+            )
+            self.launch(
+                r,
+                r.tid_main,
+                "Memcpy HtoD (Pinned -> Device)",
+                COMPUTE,
+                numel * 2 / (22.0 * 1e3),
+                cat="gpu_memcpy",
+                op="aten::copy_",
+                runtime="cudaMemcpyAsync",
+                extra={"bytes": numel * 2},
+            )
+            self.frames(r, r.tid_main, STEP + [f"{DS}stage3.py(2210): _post_step"])
+            r.host += 40.0
+            self.frames(r, r.tid_main, [])
+
     def optimizer(self) -> None:
-        numel = len(self.layer_params) and sum(self.layer_params) * self.c.layers // self.world
+        numel = (sum(self.layer_params) * self.c.layers + self.c.embed_numel) // self.world
+        if self.c.norm_sync:
+            self.norm_sync()
+        if self.c.offload_opt_cpu_adam_us:
+            self.cpu_optimizer(numel)
+            return
         for r in self.ranks:
             self.frames(r, r.tid_main, STEP + [f"{DS}stage3.py(2245): step"])
             self.wait_event(r, r.tid_main)
@@ -843,7 +1143,7 @@ def write(cfg: Cfg, out: Path, ds_config: dict[str, Any] | None, run_json: dict[
                 "backend": "nccl",
                 "rank": r.rank,
                 "world_size": sim.world,
-                "pg_count": 2,
+                "pg_count": 2 + len(sim.extra_pgs),
                 "pg_config": [
                     {
                         "pg_name": "0",
@@ -859,6 +1159,16 @@ def write(cfg: Cfg, out: Path, ds_config: dict[str, Any] | None, run_json: dict[
                         "pg_size": sim.world,
                         "ranks": list(range(sim.world)),
                     },
+                    *(
+                        {
+                            "pg_name": name,
+                            "pg_desc": "undefined",
+                            "backend_config": "cuda:nccl",
+                            "pg_size": len(members),
+                            "ranks": members,
+                        }
+                        for name, members in sim.extra_pgs
+                    ),
                 ],
                 "nccl_version": "2.27.5",
             },
@@ -894,7 +1204,7 @@ def write(cfg: Cfg, out: Path, ds_config: dict[str, Any] | None, run_json: dict[
                     "status": "ok",
                     "trace": f"traces/rank{r.rank}.pt.trace.json.gz",
                     "complete": True,
-                    "steps_captured": {"first": 2, "last": 1 + cfg.steps},
+                    "steps_captured": {"first": cfg.first_step_number, "last": cfg.first_step_number + cfg.steps - 1},
                 },
             }
             for r in sim.ranks

@@ -318,4 +318,241 @@ def scenarios() -> list[Scenario]:
             kind="symptom",
         )
     )
+    # ---- round 5: healthy but unusual ----
+    s.append(
+        Scenario(
+            "healthy-1x8-nvlink",
+            "one node of 8 GPUs, every collective on NVLink (330 GB/s busbw, alpha 19 us): gathers and "
+            "reduce-scatters far shorter than the layers they hide behind. Expect nothing above info: only the "
+            "inherent first gather and last bucket are exposed",
+            Cfg(nodes=1, gpn=8, seed=51),
+            kind="healthy",
+            run_json=True,
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-two-layers-2x4",
+            "a very short step: 2 layers (hidden 2048, 8192 tokens), ~16 ms per step, so the inherent first "
+            "gather (~1.8 ms) and last bucket are a large share of the step although nothing is wrong. Expect "
+            "nothing above info: inherent exposure is not a finding (docs/rules.md, Inherent exposure)",
+            Cfg(layers=2, seed=52),
+            kind="healthy",
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-recompute-2x4",
+            "activation checkpointing: each layer's forward kernels re-run on the autograd thread "
+            "(CheckpointFunctionBackward) before its backward kernels; gathers and reduce-scatters as usual, with "
+            "more compute to hide them. Expect nothing above info",
+            Cfg(recompute=True, seed=53),
+            ds=_ds(top_activation_checkpointing={"partition_activations": False, "cpu_checkpointing": False}),
+            kind="healthy",
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-hpz-2x4",
+            "ZeRO++ hpZ (zero_hpz_partition_size 4 = GPUs per node): forward gathers on the world group, "
+            "backward gathers of the secondary partition inside each node on its own communicator (PG 2 / 3, "
+            "group size 4, NVLink, own NCCL stream 28). A different communicator from the reduce-scatters (PG 1), "
+            "so nothing serializes them (zero3-overlap.md: hpZ row). Expect nothing above info",
+            Cfg(hpz=True, seed=54),
+            ds=_ds(zero_hpz_partition_size=4),
+            kind="healthy",
+            run_json=True,
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-slow-first-batch-2x4",
+            "the DataLoader's first batch takes 60 ms (workers starting, files opening), the next ones 0.2 ms: "
+            "the GPU idles 60 ms in step 0 with no communication in flight. Not a communication problem and not "
+            "steady state. Expect nothing above info (never host-sync: no sync call; never a gather rule)",
+            Cfg(dataloader_us={0: 60000.0}, seed=55),
+            forbid=("host-sync", "allgather-not-prefetched", "unexplained-exposure"),
+            kind="healthy",
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-qwz-2x4",
+            "ZeRO++ qwZ (zero_quantized_weights): each gather is a quantize kernel on the gather stream 22, an int8 "
+            "all-gather (dtype Char, half the bf16 bytes), a small fp32 all-gather of the scales (one per 2048 "
+            "elements, ~100 KB) and a dequantize kernel before compute may use the layer (zero3-overlap.md: qwZ "
+            "row). Everything is prefetched 2 layers ahead. Expect nothing above info (never fp32-communication: "
+            "the fp32 scales are no gradient reduction; never tiny-collectives: 16 small gathers per step, hidden)",
+            Cfg(qwz=True, seed=62),
+            ds=_ds(zero_quantized_weights=True),
+            forbid=("fp32-communication", "tiny-collectives", "bandwidth-bound"),
+            kind="healthy",
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-offload-optimizer-2x4",
+            "offload_optimizer to CPU with pin_memory on DeepSpeed 0.19.8: partition_grads copies each fp32 gradient "
+            "partition to pinned host memory asynchronously on the reduce stream (PR #8207: no blocking copy), the "
+            "epilogue's stream sync is the only wait, DeepSpeedCPUAdam then runs ~60 ms on the host while the GPU "
+            "idles, and the updated bf16 partition goes back with a pinned async HtoD copy. The GPU idle is the "
+            "CPU optimizer's, no communication is exposed by it. Expect nothing above info; never "
+            "offload-blocking-copy (pinned, async) / host-sync / offload-param-copy",
+            Cfg(offload_opt_cpu_adam_us=60000.0, seed=67),
+            ds=_ds(offload_optimizer={"device": "cpu", "pin_memory": True}),
+            forbid=("offload-blocking-copy", "host-sync", "offload-param-copy"),
+            kind="healthy",
+            run_json=True,
+        )
+    )
+    # ---- round 5: causes ----
+    s.append(
+        Scenario(
+            "dataloader-stall-2x4",
+            "an input pipeline that cannot keep up: DataLoader.__next__ blocks the host ~25 ms at the start of "
+            "every step (no CUDA sync call: the host is busy in Python). The GPU idles, but no collective is in "
+            "flight and the step's first gather is issued only after it, so the exposed communication is what a "
+            "healthy job has. The right reading is host / input pipeline; overlapcheck has no rule for it, so the "
+            "right answer in its terms is no communication finding above info (a communication fix would be "
+            "wrong)",
+            Cfg(dataloader_us={0: 25000.0, 1: 25000.0, 2: 25000.0}, seed=56),
+            forbid=("host-sync", "allgather-not-prefetched", "unexplained-exposure", "peer-wait"),
+        )
+    )
+    s.append(
+        Scenario(
+            "bucket-huge-2x4",
+            "reduce_bucket_size 5e8 (DeepSpeed's default) on a 403M-parameter model: the flush rule "
+            "(elements + numel > reduce_bucket_size) never fires in backward, so the whole gradient is one "
+            "806 MB reduce-scatter issued by the epilogue, exposed after backward (zero3-overlap.md: 'If trainable "
+            "params <= reduce_bucket_size, all reduce-scatters happen there and overlap is 0%'; rule hint 1). "
+            "Expect reduce-scatter-deferred, fix reduce_bucket_size",
+            Cfg(reduce_bucket=5e8, seed=57),
+            expect=("reduce-scatter-deferred",),
+            fix="zero_optimization.reduce_bucket_size",
+            ds=_ds(reduce_bucket_size=500000000),
+        )
+    )
+    s.append(
+        Scenario(
+            "socket-transport-2x4",
+            "NCCL_IB_DISABLE=1 (run.json env): cross-node traffic over TCP sockets, ~2 GB/s busbw per GPU "
+            "(bandwidth.md: the slowest hop bounds a cross-node ring). Every gather (~100 MB, ~44 ms) outlasts its "
+            "layer's compute by far: no schedule hides it. Expect bandwidth-bound (or a transfer-bound limit); "
+            "the right fix is the environment (unset NCCL_IB_DISABLE), which no rule names, so not scored",
+            Cfg(nic_gbps=2.0, seed=58),
+            expect=("bandwidth-bound", *LIMITS),
+            fix=ANY,
+            also_ok=("bandwidth-bound", *LIMITS, "peer-wait", "cross-stream-wait"),
+            forbid=("allgather-not-prefetched", "reduce-scatter-deferred", "tiny-collectives"),
+            run_json=True,
+            env={"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"},
+        )
+    )
+    s.append(
+        Scenario(
+            "reduce-scatter-off-2x4",
+            "zero_optimization.reduce_scatter false (contiguous_gradients true) on a 26 GB/s fabric: each bucket is "
+            "all-reduced on the reduce stream (__avg_scatter_contiguous_grads -> all_reduce, AllReduce kernels, "
+            "2(n-1)/n of the bucket per GPU: twice a reduce-scatter's bytes, zero3-overlap.md 'reduce_scatter' "
+            "row and PR #3622), outrunning backward so the reductions queue past its end. Expect "
+            "bandwidth-bound or reduce-transfer-bound; the fix that halves the bytes is "
+            "zero_optimization.reduce_scatter: true",
+            Cfg(allreduce_grads=True, nic_gbps=26.0, seed=64),
+            expect=("bandwidth-bound", "reduce-transfer-bound"),
+            fix="zero_optimization.reduce_scatter",
+            ds=_ds(reduce_scatter=False),
+            also_ok=("bandwidth-bound", *LIMITS, "cross-stream-wait", "peer-wait"),
+        )
+    )
+    s.append(
+        Scenario(
+            "comms-logger-2x4",
+            "comms_logger.enabled true: deepspeed.comm's log_wrapper (timed_op) calls get_accelerator().synchronize() "
+            "after every collective (zero3-overlap.md, Other synchronizations, first row; rule hint 4), so the host "
+            "waits for each all-gather and reduce-scatter to end before it issues anything else: prefetch cannot "
+            "run ahead and backward's gradient hooks stall. Expect comms-logger-sync, fix comms_logger.enabled",
+            Cfg(comms_logger=True, seed=65),
+            expect=("comms-logger-sync",),
+            fix="comms_logger.enabled",
+            ds=_ds(top_comms_logger={"enabled": True, "verbose": False, "prof_all": True, "debug": False}),
+            also_ok=("host-sync",),
+        )
+    )
+    s.append(
+        Scenario(
+            "p2p-disabled-1x8",
+            "one node of 8 GPUs with NCCL_P2P_DISABLE=1 (run.json env): NVLink unused, NCCL goes through host shared "
+            "memory at ~20 GB/s busbw instead of ~330 (bandwidth.md: the slowest hop bounds the ring). Each "
+            "~100 MB gather takes ~4.4 ms against ~3.3 ms of forward compute per layer: exposed in forward although "
+            "prefetch works. Expect bandwidth-bound or a transfer-bound limit, never allgather-not-prefetched; the "
+            "right fix (unset NCCL_P2P_DISABLE) is an env no rule names, so not scored",
+            Cfg(nodes=1, gpn=8, intra_gbps=20.0, seed=66),
+            expect=("bandwidth-bound", *LIMITS),
+            fix=ANY,
+            also_ok=("bandwidth-bound", *LIMITS, "cross-stream-wait", "peer-wait"),
+            forbid=("allgather-not-prefetched",),
+            run_json=True,
+            env={"NCCL_P2P_DISABLE": "1"},
+        )
+    )
+    # ---- round 5: symptom without cause ----
+    s.append(
+        Scenario(
+            "first-step-no-prefetch-2x4",
+            "the profile starts at the first training step (ProfilerStep#0, no wait/warmup): DeepSpeed is still "
+            "recording its trace cache (is_complete_trace() false), so step 0 fetches every layer on demand and "
+            "its host is slow (8 ms per sub-module: tracing, allocator warm-up; slower than the GPU's layer); "
+            "steps 1-2 prefetch 2 layers ahead with the config unchanged. Long exposed gathers in step 0 only: a "
+            "warm-up, not a prefetch setting. Never allgather-not-prefetched / fetch-throttle (their fixes, a "
+            "bigger prefetch bucket or trace-cache warnings, change nothing in steps 1-2); unexplained-exposure "
+            "(located in step 0) is an honest reading",
+            Cfg(step0_no_prefetch=True, step0_lag_us=8000.0, first_step_number=0, seed=59),
+            also_ok=("unexplained-exposure", "peer-wait"),
+            forbid=("allgather-not-prefetched", "fetch-throttle"),
+            kind="symptom",
+        )
+    )
+    s.append(
+        Scenario(
+            "clock-skew-small-4x2",
+            "4 nodes x 2 GPUs, node 3's clock 700 us ahead (an NTP error the size of a collective) and drifting "
+            "+80 ppm, node 1 -50 ppm; nothing slow. Start times across nodes disagree by about a kernel; "
+            "durations do not (bandwidth.md: the shortest duration across ranks needs no clock). Never "
+            "straggler / slow-node / peer-wait",
+            Cfg(nodes=4, gpn=2, clock_offset_us={3: 700.0}, drift_ppm={3: 80.0, 1: -50.0}, seed=60),
+            forbid=("straggler", "slow-node", "peer-wait"),
+            kind="symptom",
+            run_json=True,
+        )
+    )
+    s.append(
+        Scenario(
+            "norm-sync-cheap-2x4",
+            "DeepSpeed < 0.14.5 gradient clipping: step() computes the partition's gradient norm, all-reduces it "
+            "(4 bytes fp32, PG 1, on the compute stream: synchronous) and calls .item() (DtoH + "
+            "cudaStreamSynchronize) before Adam. A real host sync on real work, but it comes right after the "
+            "epilogue's reduce-stream sync, so the host had nothing queued ahead: the GPU idles only for the "
+            "sync's return and Adam's launch (~20 us per step). Never host-sync above info (its cost is that "
+            "idle, not the awaited norm + all-reduce); never fp32-communication (4 bytes)",
+            Cfg(norm_sync=True, seed=63),
+            forbid=("host-sync", "fp32-communication"),
+            kind="symptom",
+        )
+    )
+    s.append(
+        Scenario(
+            "embed-last-bucket-2x4",
+            "an untied 32000 x 2048 input embedding (65.5M parameters) in layer 0: its gradient is produced by "
+            "the last kernel of backward and is one 131 MB parameter (stage 3 does not split a parameter across "
+            "buckets), so the last bucket after backward is big and exposed (~3 ms), and the layer-0 bucket it "
+            "pushes out queues just before it. The last bucket is inherent (zero3-overlap.md: 'The last bucket is "
+            "always exposed'); no bucket size removes it. Never reduce-scatter-deferred / small-reductions / "
+            "tiny-collectives; the queued one before it is the reduce-transfer-bound limit at most",
+            Cfg(embed_numel=32000 * 2048, seed=61),
+            also_ok=("reduce-transfer-bound",),
+            forbid=("reduce-scatter-deferred", "small-reductions", "tiny-collectives"),
+            kind="symptom",
+        )
+    )
     return s
