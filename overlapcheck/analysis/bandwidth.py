@@ -297,10 +297,10 @@ def hideability(metrics: RankMetrics, fraction: float = 1.0) -> dict[str, PhaseH
     return out
 
 
-def _kind_of(key: str) -> str | None:
-    """The collective kind of a signature key (`<process group>|<kind>|<n-th>`), None when it names none."""
+def _kind_of(key: str) -> str:
+    """The collective kind of a signature key (`<process group>|<kind>|<n-th>`), "" when it names none."""
     parts = key.split("|")
-    return parts[1] if len(parts) > 1 else None
+    return parts[1] if len(parts) > 1 else ""
 
 
 def job_bandwidth(results: Sequence[RankResult], job: JobContext | None = None) -> JobBandwidth | None:
