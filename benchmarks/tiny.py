@@ -72,16 +72,16 @@ def rank_trace(rank: int, world: int, steps: int = 4) -> dict[str, Any]:
     }
 
 
-def tiny_set(ranks: int, root: str | None = None) -> str:
-    """A folder of `ranks` tiny traces (`rankN.trace.json`), built once."""
+def tiny_set(ranks: int, root: str | None = None, steps: int = 4) -> str:
+    """A folder of `ranks` tiny traces (`rankN.trace.json`) of `steps` profiled steps each, built once."""
     root = root or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
-    folder = os.path.join(root, f"tiny-{ranks}")
+    folder = os.path.join(root, f"tiny-{ranks}" if steps == 4 else f"tiny-{ranks}-{steps}steps")
     done = os.path.join(folder, ".complete")
     if os.path.isfile(done):
         return folder
     os.makedirs(folder, exist_ok=True)
     for rank in range(ranks):
         with open(os.path.join(folder, f"rank{rank}.trace.json"), "w") as f:
-            json.dump(rank_trace(rank, ranks), f, separators=(",", ":"))
+            json.dump(rank_trace(rank, ranks, steps), f, separators=(",", ":"))
     open(done, "w").close()
     return folder

@@ -6,7 +6,8 @@ collective kinds; few traces have memsets), and an empty one is the same value o
 every rank share one object per distinct empty value (the model's per-rank dataclasses are slotted, so an object is its
 fields and nothing more): on tiny ranks this holds 41 of 56 Splits and all 14 Copies once per job instead of
 once per rank, about half of a rank's metrics. The values, and so every report, are unchanged (the shared
-object is chosen by `repr`, which tells 0.0 from -0.0). docs/scale.md.
+object is chosen by `repr`, which tells 0.0 from -0.0). The collective keys of the ranks' signatures, the same
+on every rank, are held once per job too. docs/scale.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Compactor:
         self._empty: dict[str, Any] = {}
         self._keys: dict[ModuleKey, ModuleKey] = {}  # each distinct module row key once per job
         self._notes: dict[str, str] = {}
+        self._sig_keys: dict[str, str] = {}  # each distinct collective key (`group|kind|n-th`) once per job
 
     def result(self, result: RankResult) -> RankResult:
         m = result.metrics
@@ -51,6 +53,11 @@ class Compactor:
                 self._holder(outside)
         if isinstance(result.modules, Modules):
             object.__setattr__(result, "modules", self.modules(result.modules))  # frozen: see above
+        sig = result.signature
+        if sig is not None and isinstance(sig.keys, list):
+            # every rank names the same collectives: one string per key per job, not one per rank (about 60
+            # bytes a collective, 12 a step on a tiny rank)
+            sig.keys[:] = [self._sig_keys.setdefault(k, k) for k in sig.keys]
         return result
 
     def modules(self, modules: Modules) -> PackedModules:

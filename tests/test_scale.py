@@ -106,3 +106,19 @@ def test_html_shows_the_worst_ranks_past_the_limit() -> None:
     assert len(html.build_view(small)["ranks"]) == 8 and "with the lowest overlap of" not in html.HtmlRenderer().render(
         small
     )
+
+
+def test_compact_ranks_share_their_collective_keys() -> None:
+    import pickle
+
+    from overlapcheck import pipeline
+
+    inputs = pipeline.find_inputs([str(SAMPLES / "straggler")])
+    job, options = pipeline.job_context(inputs), pipeline.Options()
+    blobs = [pickle.dumps(pipeline._worker(p, job, options)[1][0]) for p in inputs.traces[:2]]
+    arrived = [pickle.loads(b) for b in blobs * 2]  # each its own strings, as unpickled results are
+    before = [list(r.signature.keys) for r in arrived]
+    compactor = Compactor()
+    out = [compactor.result(r).signature for r in arrived]
+    assert [s.keys for s in out] == before and len(before[0]) > 10
+    assert len({id(k) for s in out for k in s.keys}) == len({k for s in out for k in s.keys})

@@ -297,6 +297,12 @@ def hideability(metrics: RankMetrics, fraction: float = 1.0) -> dict[str, PhaseH
     return out
 
 
+def _kind_of(key: str) -> str:
+    """The collective kind of a signature key (`<process group>|<kind>|<n-th>`), "" when it names none."""
+    parts = key.split("|")
+    return parts[1] if len(parts) > 1 else ""
+
+
 def job_bandwidth(results: Sequence[RankResult], job: JobContext | None = None) -> JobBandwidth | None:
     """The BANDWIDTH object of the report (docs/report-schema.md); None when no rank has communication."""
     job = job or JobContext()
@@ -306,21 +312,25 @@ def job_bandwidth(results: Sequence[RankResult], job: JobContext | None = None) 
     transfer = transfer_times(ranks)
     kinds: dict[str, JobKindBandwidth] = {}
     n_ranks = max(1, len([r for r in ranks if r.signature is not None]))
+    # one pass over the signatures: per kind, each collective key (in the order the ranks first show it) -> its
+    # bytes and group size as the first rank states them, and every rank's duration of it inside a step
+    by_kind: dict[str, dict[str, tuple[int, int, list[float]]]] = {kind: {} for kind in C.COLLECTIVES}
+    matched_of = {key: by_kind.get(_kind_of(key)) for key in transfer}  # each key split once per job
+    steps = 0
+    for r in ranks:
+        sig = r.signature
+        if sig is None or not sig.bytes:
+            continue
+        steps = max(steps, sig.steps)
+        for key, d, b, n, inside in zip(sig.keys, sig.dur, sig.bytes, sig.group, sig.in_step, strict=True):
+            if inside and (into := matched_of.get(key)) is not None:
+                into.setdefault(key, (b, n, []))[2].append(d)
+    per_step = max(1, steps)
     for kind in C.COLLECTIVES:
         per_rank = [r.metrics.bandwidth[kind] for r in ranks if kind in r.metrics.bandwidth]
-        matched: dict[str, tuple[int, int, list[float]]] = {}
-        steps = 0
-        for r in ranks:
-            sig = r.signature
-            if sig is None or not sig.bytes:
-                continue
-            steps = max(steps, sig.steps)
-            for key, d, b, n, inside in zip(sig.keys, sig.dur, sig.bytes, sig.group, sig.in_step, strict=True):
-                if key in transfer and key.split("|")[1] == kind and inside:
-                    matched.setdefault(key, (b, n, []))[2].append(d)
+        matched = by_kind[kind]
         if not matched and not per_rank:
             continue
-        per_step = max(1, steps)
         busbw = [
             b / transfer[key] * 1e6 / GB * bus_factor(kind, n)
             for key, (b, n, _) in matched.items()
