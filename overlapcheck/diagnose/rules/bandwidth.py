@@ -131,8 +131,7 @@ def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Find
                 for t in transports
             )
             + "; unset it first (the settings in after_transport_fix only if the collectives still outrun the "
-            "compute then): "
-            + why
+            "compute then): " + why
         )
     ranks = sorted(r.metrics.rank for r in results if r.metrics.rank is not None and r.metrics.collectives["all"].count)
     return [
