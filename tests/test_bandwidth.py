@@ -14,9 +14,10 @@ from click.testing import CliRunner
 
 from overlapcheck.analysis.bandwidth import bus_factor, nvlink_peak
 from overlapcheck.cli import main
+from overlapcheck.diagnose.rules.bandwidth import disabled_transports, zero_pp_settings
 from overlapcheck.errors import UserError
-from overlapcheck.job import parse_network
-from overlapcheck.model import Report
+from overlapcheck.job import JobContext, parse_network
+from overlapcheck.model import JobBandwidth, JobKindBandwidth, Report
 from overlapcheck.pipeline import analyze
 from overlapcheck.simulate import generate
 
@@ -283,3 +284,78 @@ def test_scope_stays_unknown_without_the_hosts_of_the_group(tmp_path: Path) -> N
     assert bw["all_reduce"].scope is None
     assert bw["all_gather"].scope == "inter-node"
     assert bw["broadcast"].scope is None  # the world's hosts are not all known
+
+
+def _with_env(out: Path, env: dict[str, str]) -> dict:
+    """The simulated job's ds_config.json with `env` as the job's recorded environment."""
+    doc = json.loads((out / "ds_config.json").read_text())
+    doc["_overlapcheck_job"] = {**doc.get("_overlapcheck_job", {}), "env": env}
+    return doc
+
+
+def test_a_disabled_transport_below_the_link_rate_is_the_fix(degraded_2x4: tuple[Path, dict]) -> None:
+    # NCCL_IB_DISABLE=1 and the inter-node collectives run at 7.6 GB/s, under half the stated 25 GB/s per GPU: the
+    # variable is the fix (unset), the ZeRO++ settings only after it; NCCL_SOCKET_IFNAME says nothing knowable
+    out, _ = degraded_2x4
+    env = {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}
+    (cfg := out.parent / "ib-disabled.json").write_text(json.dumps(_with_env(out, env)))
+    args = ["analyze", str(out), "--network", "4x200Gbps", "--format", "json", "--ds-config", str(cfg)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    top = json.loads(result.output)["findings"][0]
+    assert top["rule"] == "bandwidth-bound"
+    assert top["fix"]["env"] == {"NCCL_IB_DISABLE": None} and not top["fix"].get("config")
+    (t,) = top["evidence"]["disabled_transports"]
+    assert t["variable"] == "NCCL_IB_DISABLE" and t["scope"] == "inter-node" and t["link_gbps"] == 25.0
+    assert t["share_of_link"] < 0.5 and top["why"].startswith("the job's environment sets NCCL_IB_DISABLE=1")
+    assert "zero_optimization.zero_quantized_gradients" in top["evidence"]["after_transport_fix"]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"NCCL_IB_DISABLE": "1"},  # 7.6 GB/s is above half of the assumed 12.5 GB/s (no --network): not far below
+        {"NCCL_P2P_DISABLE": "1"},  # an intra-node transport: the collectives that are slow cross nodes
+        {"NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0"},  # nothing disabled; a slow NIC is not knowable
+    ],
+)
+def test_a_transport_variable_without_slow_collectives_of_its_scope_is_no_fix(
+    degraded_2x4: tuple[Path, dict], env: dict[str, str]
+) -> None:
+    out, _ = degraded_2x4
+    (top,) = _bandwidth_bound(analyze(out, ds_config=_with_env(out, env), jobs=1))
+    assert not top.fix.env and "disabled_transports" not in top.evidence
+    assert top.fix.config and top.fix.config["zero_optimization.zero_quantized_gradients"] is True
+
+
+def _job_bw(scope: str, busbw: float, peak: float | None) -> JobBandwidth:
+    kind = JobKindBandwidth(9, 9e8, 1e4, 0.0, busbw, busbw, busbw, scope, peak, "NVLink 4" if peak else None)
+    return JobBandwidth({"all_gather": kind, "reduce_scatter": kind}, {}, 1e4, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "scope", "busbw", "peak", "named"),
+    [
+        ({"NCCL_P2P_DISABLE": "1"}, "intra-node", 20.0, 450.0, "NCCL_P2P_DISABLE"),  # 4.4 % of NVLink 4
+        ({"NCCL_P2P_LEVEL": "LOC"}, "intra-node", 20.0, 450.0, "NCCL_P2P_LEVEL"),
+        ({"NCCL_SHM_DISABLE": "1"}, "intra-node", 20.0, 450.0, "NCCL_SHM_DISABLE"),
+        ({"NCCL_NET": "Socket"}, "inter-node", 1.5, None, "NCCL_NET"),  # against the assumed 12.5 GB/s
+        ({"NCCL_P2P_DISABLE": "1"}, "intra-node", 380.0, 450.0, None),  # near the link rate: changed nothing
+        ({"NCCL_P2P_LEVEL": "NVL"}, "intra-node", 20.0, 450.0, None),  # NVLink still allowed
+        ({"NCCL_NET": "IB"}, "inter-node", 1.5, None, None),
+        ({"NCCL_P2P_DISABLE": "1"}, "inter-node", 1.5, None, None),  # the slow scope is not the one it disables
+    ],
+)
+def test_disabled_transports_need_slow_collectives_of_their_scope(
+    env: dict[str, str], scope: str, busbw: float, peak: float | None, named: str | None
+) -> None:
+    found = disabled_transports(_job_bw(scope, busbw, peak), JobContext(env=env))
+    assert [t["variable"] for t in found] == ([named] if named else [])
+
+
+def test_gradient_quantization_and_hpz_only_across_nodes() -> None:
+    one_node = zero_pp_settings(_job_bw("intra-node", 20.0, 450.0), JobContext(gpus_per_node=8))
+    assert one_node == {"zero_optimization.zero_quantized_weights": True}
+    two_nodes = zero_pp_settings(_job_bw("inter-node", 7.0, None), JobContext(gpus_per_node=4))
+    assert two_nodes["zero_optimization.zero_quantized_gradients"] is True
+    assert two_nodes["zero_optimization.zero_hpz_partition_size"] == 4

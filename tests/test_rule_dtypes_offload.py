@@ -226,3 +226,58 @@ def test_small_reductions_without_the_cause_are_no_finding(
     assert "small-reductions" not in rules(report)
     if hidden:
         assert [f.rule for f in report.findings if f.severity != "info"] == []
+
+
+# ---------------------------------------------------------------------------------------- gradient-allreduce
+AR_BF16 = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+AVG_SCATTER = "deepspeed/runtime/zero/stage3.py(1863): __avg_scatter_contiguous_grads"
+REDUCE_IPG = "deepspeed/runtime/zero/stage3.py(1570): __reduce_and_partition_ipg_grads"
+RS_OFF = {**BF16, "zero_optimization": {"stage": 3, "reduce_scatter": False}}
+
+
+def allreduce_step(nelems: int = 1 << 22, hidden: bool = False, frames: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """reduction_step with the gradient bucket all-reduced (bf16, `nelems` elements: 8 MiB by default) [300, 500)
+    on stream 17, launched at 5 (inside `frames`, outermost first, when given)."""
+    events = reduction_step(RS_BF16, "BFloat16", hidden=hidden)
+    for e in events:
+        if e.get("name") == RS_BF16:
+            e["name"] = AR_BF16
+            e["args"]["Collective name"] = "allreduce"
+            e["args"]["In msg nelems"] = nelems
+    return events + framed(list(frames), 5, 6)
+
+
+def test_gradients_all_reduced_with_reduce_scatter_off_cost_half_their_exposed_transfer(tmp_path: Path) -> None:
+    # the 200 µs all-reduce is its own best rate, all exposed; a reduce-scatter of the same bucket moves half the
+    # bytes: 100 µs per step saved
+    f = rules(diagnose(tmp_path / "cfg", allreduce_step(), RS_OFF))["gradient-allreduce"]
+    assert f.cost_us == pytest.approx(100.0)
+    assert f.fix.config == {"zero_optimization.reduce_scatter": True}
+    assert f.evidence["evidence_from"] == "ds_config" and f.evidence["reduce_scatter"] is False
+    assert f.evidence["all_reduce_bytes_per_step"] == 2 << 22 and f.evidence["exposed_us_per_step"] == 200.0
+    # without the setting in the config, DeepSpeed's reduce path in the stack says the same
+    f = rules(diagnose(tmp_path / "stack", allreduce_step(frames=(REDUCE_IPG, AVG_SCATTER)), BF16))[
+        "gradient-allreduce"
+    ]
+    assert f.cost_us == pytest.approx(100.0) and f.evidence["evidence_from"] == "call site"
+    f = rules(diagnose(tmp_path / "nocfg", allreduce_step(frames=(AVG_SCATTER,))))["gradient-allreduce"]
+    assert f.cost_us == pytest.approx(100.0)
+
+
+@pytest.mark.symptom_without_cause("gradient-allreduce")
+@pytest.mark.parametrize(
+    ("case", "nelems", "hidden", "frames", "config"),
+    [
+        ("hidden", 1 << 22, True, (), RS_OFF),  # the all-reduce is under compute: halving it saves nothing
+        ("no-reduce-path", 1 << 22, False, ("train.py(80): allreduce_grads",), BF16),  # the user's own all-reduce
+        ("reduce-scatter-on", 1 << 22, False, (AVG_SCATTER,), {**BF16, "zero_optimization": {"reduce_scatter": True}}),
+        ("gradient-norm", 64, False, (), RS_OFF),  # a scalar all-reduce, not a gradient bucket
+    ],
+)
+def test_all_reduces_without_the_cause_are_no_gradient_allreduce(
+    tmp_path: Path, case: str, nelems: int, hidden: bool, frames: tuple[str, ...], config: dict[str, Any]
+) -> None:
+    report = diagnose(tmp_path, allreduce_step(nelems, hidden, frames), config)
+    assert "gradient-allreduce" not in rules(report)
+    if hidden:
+        assert [f.rule for f in report.findings if f.severity != "info"] == []

@@ -439,10 +439,10 @@ def scenarios() -> list[Scenario]:
             "NCCL_IB_DISABLE=1 (run.json env): cross-node traffic over TCP sockets, ~2 GB/s busbw per GPU "
             "(bandwidth.md: the slowest hop bounds a cross-node ring). Every gather (~100 MB, ~44 ms) outlasts its "
             "layer's compute by far: no schedule hides it. Expect bandwidth-bound (or a transfer-bound limit); "
-            "the right fix is the environment (unset NCCL_IB_DISABLE), which no rule names, so not scored",
+            "the right fix is the environment (unset NCCL_IB_DISABLE)",
             Cfg(nic_gbps=2.0, seed=58),
             expect=("bandwidth-bound", *LIMITS),
-            fix=ANY,
+            fix="NCCL_IB_DISABLE",
             also_ok=("bandwidth-bound", *LIMITS, "peer-wait", "cross-stream-wait"),
             forbid=("allgather-not-prefetched", "reduce-scatter-deferred", "tiny-collectives"),
             run_json=True,
@@ -456,10 +456,10 @@ def scenarios() -> list[Scenario]:
             "all-reduced on the reduce stream (__avg_scatter_contiguous_grads -> all_reduce, AllReduce kernels, "
             "2(n-1)/n of the bucket per GPU: twice a reduce-scatter's bytes, zero3-overlap.md 'reduce_scatter' "
             "row and PR #3622), outrunning backward so the reductions queue past its end. Expect "
-            "bandwidth-bound or reduce-transfer-bound; the fix that halves the bytes is "
+            "gradient-allreduce (or bandwidth-bound / reduce-transfer-bound); the fix that halves the bytes is "
             "zero_optimization.reduce_scatter: true",
             Cfg(allreduce_grads=True, nic_gbps=26.0, seed=64),
-            expect=("bandwidth-bound", "reduce-transfer-bound"),
+            expect=("gradient-allreduce", "bandwidth-bound", "reduce-transfer-bound"),
             fix="zero_optimization.reduce_scatter",
             ds=_ds(reduce_scatter=False),
             also_ok=("bandwidth-bound", *LIMITS, "cross-stream-wait", "peer-wait"),
@@ -486,10 +486,10 @@ def scenarios() -> list[Scenario]:
             "memory at ~20 GB/s busbw instead of ~330 (bandwidth.md: the slowest hop bounds the ring). Each "
             "~100 MB gather takes ~4.4 ms against ~3.3 ms of forward compute per layer: exposed in forward although "
             "prefetch works. Expect bandwidth-bound or a transfer-bound limit, never allgather-not-prefetched; the "
-            "right fix (unset NCCL_P2P_DISABLE) is an env no rule names, so not scored",
+            "right fix is the environment (unset NCCL_P2P_DISABLE)",
             Cfg(nodes=1, gpn=8, intra_gbps=20.0, seed=66),
             expect=("bandwidth-bound", *LIMITS),
-            fix=ANY,
+            fix="NCCL_P2P_DISABLE",
             also_ok=("bandwidth-bound", *LIMITS, "cross-stream-wait", "peer-wait"),
             forbid=("allgather-not-prefetched",),
             run_json=True,

@@ -7,7 +7,18 @@ the order of equal-cost findings. docs/rules.md describes each rule; to add one,
 from __future__ import annotations
 
 from overlapcheck.diagnose.rule import Rule
-from overlapcheck.diagnose.rules import bandwidth, buckets, dtypes, exposure, host, stragglers, streams, syncs, waits
+from overlapcheck.diagnose.rules import (
+    bandwidth,
+    buckets,
+    dtypes,
+    exposure,
+    host,
+    reduction,
+    stragglers,
+    streams,
+    syncs,
+    waits,
+)
 
 INHERENT_MIN_US = 1.0  # an inherent rule's finding is reported only from this cost per step
 
@@ -17,6 +28,7 @@ RULES: tuple[Rule, ...] = (
     buckets.TINY_COLLECTIVES,
     buckets.SMALL_REDUCTIONS,
     dtypes.FP32_COMMUNICATION,
+    reduction.GRADIENT_ALLREDUCE,
     syncs.COMMS_LOGGER,
     syncs.THROUGHPUT_TIMER,
     syncs.OFFLOAD_COPY,
