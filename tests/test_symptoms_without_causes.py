@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
 from builders import diagnose_events as diagnose
 from builders import findings_by_rule as rules
-from builders import frame, kernel, launch, runtime, step
 
+from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
+from overlapcheck.diagnose.facts.coverage import gradient_tails, inherent_windows, whole_model_share
 from overlapcheck.diagnose.facts.hostsyncs import origin_of
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.trace.reader import load_trace
@@ -22,6 +24,7 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
 RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 COMPUTE = 7
+DTOD = "Memcpy DtoD (Device -> Device)"
 SYNC_RULES = {
     "comms-logger-sync",
     "throughput-timer-sync",
@@ -38,6 +41,13 @@ EPILOGUE = "deepspeed/runtime/zero/stage3.py(1407): independent_gradient_partiti
 PARTITION_GRADS = "deepspeed/runtime/zero/stage3.py(1568): partition_grads"
 REDUCE_THROTTLE = "deepspeed/runtime/zero/stage3.py(1667): __reduce_and_partition_ipg_grads"
 FETCH = "deepspeed/runtime/zero/partitioned_param_coordinator.py(385): fetch_sub_module"
+
+
+def facts_of(folder: Path, events: list[dict[str, Any]]) -> RankFacts:
+    """`events` written as rank 0 in `folder`, read back as its facts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=2)
+    return facts(folder)
 
 
 def facts(folder: Path) -> RankFacts:
@@ -255,6 +265,68 @@ def test_reduce_scatter_exposed_after_backward_on_its_own_stream_is_not_overlap_
     # on the compute stream it is overlap_comm off: the same exposed 400 µs less the last 250-element bucket
     f = rules(diagnose(tmp_path / "compute", backward_then_reduce(COMPUTE), config))["overlap-comm-disabled"]
     assert f.cost_us == 300.0 and f.evidence["reduce_scatters_on_compute_stream"] == 1
+
+
+def epilogue_flush(flushes: int, copies: int = 4) -> list[dict[str, Any]]:
+    """Four backward GEMMs [20 + 100 i, + 100) launched by the autograd thread (tid 200) inside its backward op,
+    after each a gradient copied into the bucket (a 1 µs device-to-device memcpy on the reduce stream 17;
+    `copies` of them share 2000 bytes). With `flushes` 1 the bucket holds every gradient and the epilogue issues
+    one 1000-element reduce-scatter [620, 1020) after backward; with 4, a 250-element reduce-scatter
+    [125 + 100 i, + 90) follows each copy during backward and only the last one [425, 515) is after it. As
+    DeepSpeed's partition_grads does, the autograd thread launches the gradient partition `copy_` on the reduce
+    stream right after each reduce-scatter (it runs 5 µs after it ends)."""
+    events = [step(1, 0, 2000), cpu_op("autograd::engine::evaluate_function: MmBackward0", 5, 120, tid=200)]
+    for i in range(4):
+        events += [launch(10 + 20 * i, 10 + i, tid=200), kernel(GEMM, 20 + 100 * i, 100, corr=10 + i)]
+        if i < copies:
+            events += [launch(11 + 20 * i, 20 + i, tid=200), copy(DTOD, 121 + 100 * i, 1, 20 + i, 17)]
+            events[-1]["args"]["bytes"] = 2000 // copies
+    if flushes == 1:
+        reductions = [(100.0, 620.0, 1000, 400.0)]
+    else:
+        reductions = [(12.0 + 20 * j, 125.0 + 100 * j, 250, 90.0) for j in range(4)]
+    for j, (at, start, nelems, dur) in enumerate(reductions):
+        rs = kernel(RS, start, dur, stream=17, corr=30 + j, **coll("_reduce_scatter_base", "1", nelems))
+        partition = kernel("void at::native::direct_copy_kernel_cuda", start + dur + 5, 5, stream=17, corr=40 + j)
+        events += [launch(at, 30 + j, tid=200), rs, launch(at + 1, 40 + j, tid=200), partition]
+    return events
+
+
+@pytest.mark.symptom_without_cause("reduce-scatter-deferred")
+def test_buckets_flushed_during_backward_are_not_deferred_though_partition_copies_follow(tmp_path: Path) -> None:
+    # four buckets, each reduce-scatter launched by the autograd thread during backward; only the last bucket's
+    # runs after the last compute-stream kernel: a quarter of the volume, not deferral
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 250}}
+    assert "reduce-scatter-deferred" not in rules(diagnose(tmp_path / "buckets", epilogue_flush(4), config))
+
+
+def test_one_bucket_flushed_by_the_epilogue_is_deferred_despite_its_partition_copy(tmp_path: Path) -> None:
+    # one 1000-element bucket after backward, launched (with its partition copy_ on the reduce stream after it)
+    # by the autograd thread: the copy is not backward's last kernel, so the whole reduce-scatter is deferred;
+    # the cost is its 400 µs less the last bucket of the suggested 250 elements (a quarter)
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}}
+    report = diagnose(tmp_path / "one", epilogue_flush(1), config)
+    f = rules(report)["reduce-scatter-deferred"]
+    assert f.evidence["deferred_share"] == 1.0 and f.cost_us == 300.0
+    assert f.fix.config == {"zero_optimization.reduce_bucket_size": 250}
+
+
+@pytest.mark.symptom_without_cause("reduce-scatter-deferred")
+def test_a_single_gradient_reduced_after_backward_is_its_inherent_last_bucket(tmp_path: Path) -> None:
+    # one reduce-scatter after backward that took in one gradient copy: a single tensor no bucket splits, so
+    # its transfer is inherent whole (no finding could cover it)
+    view = facts_of(tmp_path / "single", epilogue_flush(1, copies=1))
+    tail = gradient_tails(view)[0]
+    assert whole_model_share(view, tail) == 1.0
+    assert iv.length(inherent_windows(view)) == 400.0
+
+
+def test_the_whole_model_in_one_bucket_is_inherent_only_as_its_last_suggested_bucket(tmp_path: Path) -> None:
+    # the same reduce-scatter took in four gradient copies: the whole model in one bucket, the deferral; only
+    # the last of the suggested 250-element buckets (a quarter of its 400 µs transfer) is inherent
+    view = facts_of(tmp_path / "whole", epilogue_flush(1))
+    assert whole_model_share(view, gradient_tails(view)[0]) == 0.25
+    assert iv.length(inherent_windows(view)) == 100.0
 
 
 def gathers(n: int, nelems: int) -> list[dict[str, Any]]:
