@@ -18,6 +18,7 @@ from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.diagnose.facts.coverage import gradient_tails, inherent_windows, whole_model_share
 from overlapcheck.diagnose.facts.hostsyncs import origin_of
 from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.model import Fix
 from overlapcheck.trace.reader import load_trace
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
@@ -418,6 +419,49 @@ def on_demand_gathers() -> list[dict[str, Any]]:
         ]
         corr += 3
     return events
+
+
+def steps_fetching_on_demand(numbers: list[int], on_demand_in: set[int]) -> list[dict[str, Any]]:
+    """`ProfilerStep#n` for each of `numbers`, 2000 µs apart; each as `on_demand_gathers` (two 202 µs stalls on
+    all-gathers issued when their module ran) if n is in `on_demand_in`, else the same compute with nothing
+    fetched late."""
+    events: list[dict[str, Any]] = []
+    for i, n in enumerate(numbers):
+        step_events = on_demand_gathers() if n in on_demand_in else on_demand_gathers()[:5]
+        base, corr = 2000.0 * i, 100 * i
+        for e in step_events:
+            e = {**e, "ts": e["ts"] + base, "args": dict(e.get("args", {}))}
+            if "correlation" in e["args"]:
+                e["args"]["correlation"] += corr
+            if e["name"].startswith("ProfilerStep#"):
+                e["name"] = f"ProfilerStep#{n}"
+            events.append(e)
+    return events
+
+
+@pytest.mark.symptom_without_cause("allgather-not-prefetched")
+def test_on_demand_fetches_only_in_the_jobs_first_step_are_its_warm_up(tmp_path: Path) -> None:
+    # ProfilerStep#0, the job's first step, fetches on demand (DeepSpeed records its parameter trace there);
+    # steps 1 and 2 do not: a warm-up, info without a fix, not a missing prefetch
+    found = rules(diagnose(tmp_path / "first", steps_fetching_on_demand([0, 1, 2], {0})))
+    assert "allgather-not-prefetched" not in found
+    f = found["first-step-warm-up"]
+    assert f.severity == "info" and f.fix == Fix() and f.steps == [0]
+    assert f.cost_us == round(404.0 / 3, 3) and f.evidence["on_demand_fetches_in_step"] == 2
+
+
+@pytest.mark.symptom_without_cause("first-step-warm-up")
+def test_on_demand_fetches_in_a_later_first_step_or_in_every_step_are_not_prefetched(tmp_path: Path) -> None:
+    # the same pattern in the first profiled step of a profiler with wait and warm-up steps (ProfilerStep#2):
+    # not the job's first step, so a re-recorded (invalidated) trace; the finding names that step only and
+    # counts its fetches per step where they hold (2), not averaged over the three steps (0.67, below 2)
+    found = rules(diagnose(tmp_path / "later", steps_fetching_on_demand([2, 3, 4], {2})))
+    assert "first-step-warm-up" not in found
+    f = found["allgather-not-prefetched"]
+    assert f.steps == [2] and f.evidence["on_demand_fetches_per_step"] == round(2 / 3, 2)
+    # from step 0 on, but repeated in the later steps (dynamic control flow): no warm-up either
+    found = rules(diagnose(tmp_path / "every", steps_fetching_on_demand([0, 1, 2], {0, 1, 2})))
+    assert "first-step-warm-up" not in found and found["allgather-not-prefetched"].steps == [0, 1, 2]
 
 
 def queued_gathers() -> list[dict[str, Any]]:
