@@ -46,6 +46,8 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
     costs = np.maximum(0.0, all_costs - on_demand_remainder(view))[mask]
     per_step = mask.sum() / view.n_steps
     cost, steps = view.per_step(costs, view.launch[st.kernel[mask]])
+    if round(cost, 3) <= 0:  # as the finding reports it
+        return []  # prefetched, the gathers would be waited for as long: allgather-transfer-bound's
     prefetch = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
     if prefetch is not None and prefetch <= 0:
         why = "stage3_prefetch_bucket_size is 0, so no all-gather is issued before its module needs it"
@@ -163,6 +165,8 @@ def first_step_warm_up(view: RankFacts) -> list[Finding]:
         return []
     st = view.stalls
     cost, steps = view.per_step(costs[mask], view.launch[st.kernel[mask]])
+    if round(cost, 3) <= 0:
+        return []
     evidence = {
         "on_demand_fetches_in_step": int(mask.sum()),
         "step": steps[0] if steps else None,
