@@ -268,14 +268,15 @@ def test_reduce_scatter_exposed_after_backward_on_its_own_stream_is_not_overlap_
     assert f.cost_us == 300.0 and f.evidence["reduce_scatters_on_compute_stream"] == 1
 
 
-def epilogue_flush(flushes: int, copies: int = 4) -> list[dict[str, Any]]:
+def epilogue_flush(flushes: int, copies: int = 4, stream: int = 17, frames: bool = False) -> list[dict[str, Any]]:
     """Four backward GEMMs [20 + 100 i, + 100) launched by the autograd thread (tid 200) inside its backward op,
     after each a gradient copied into the bucket (a 1 µs device-to-device memcpy on the reduce stream 17;
     `copies` of them share 2000 bytes). With `flushes` 1 the bucket holds every gradient and the epilogue issues
     one 1000-element reduce-scatter [620, 1020) after backward; with 4, a 250-element reduce-scatter
     [125 + 100 i, + 90) follows each copy during backward and only the last one [425, 515) is after it. As
     DeepSpeed's partition_grads does, the autograd thread launches the gradient partition `copy_` on the reduce
-    stream right after each reduce-scatter (it runs 5 µs after it ends)."""
+    stream right after each reduce-scatter (it runs 5 µs after it ends). `stream`: the reduce stream (the
+    compute stream with overlap_comm off); `frames`: the partition copy is launched under partition_grads."""
     events = [step(1, 0, 2000), cpu_op("autograd::engine::evaluate_function: MmBackward0", 5, 120, tid=200)]
     for i in range(4):
         events += [launch(10 + 20 * i, 10 + i, tid=200), kernel(GEMM, 20 + 100 * i, 100, corr=10 + i)]
@@ -287,9 +288,11 @@ def epilogue_flush(flushes: int, copies: int = 4) -> list[dict[str, Any]]:
     else:
         reductions = [(12.0 + 20 * j, 125.0 + 100 * j, 250, 90.0) for j in range(4)]
     for j, (at, start, nelems, dur) in enumerate(reductions):
-        rs = kernel(RS, start, dur, stream=17, corr=30 + j, **coll("_reduce_scatter_base", "1", nelems))
-        partition = kernel("void at::native::direct_copy_kernel_cuda", start + dur + 5, 5, stream=17, corr=40 + j)
+        rs = kernel(RS, start, dur, stream=stream, corr=30 + j, **coll("_reduce_scatter_base", "1", nelems))
+        partition = kernel("void at::native::direct_copy_kernel_cuda", start + dur + 5, 5, stream=stream, corr=40 + j)
         events += [launch(at, 30 + j, tid=200), rs, launch(at + 1, 40 + j, tid=200), partition]
+        if frames:
+            events += [frame(PARTITION_GRADS, at + 0.5, 1, tid=200)]
     return events
 
 
@@ -310,6 +313,14 @@ def test_one_bucket_flushed_by_the_epilogue_is_deferred_despite_its_partition_co
     f = rules(report)["reduce-scatter-deferred"]
     assert f.evidence["deferred_share"] == 1.0 and f.cost_us == 300.0
     assert f.fix.config == {"zero_optimization.reduce_bucket_size": 250}
+
+
+def test_with_overlap_comm_off_the_partition_copy_under_its_frame_is_not_backwards_last_kernel(tmp_path: Path) -> None:
+    # the same epilogue flush on the compute stream (overlap_comm off): there the partition copy_ is a
+    # compute-stream kernel after the reduce-scatter, and only its partition_grads frame tells it from backward
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}}
+    framed_copy = rules(diagnose(tmp_path / "framed", epilogue_flush(1, stream=COMPUTE, frames=True), config))
+    assert framed_copy["reduce-scatter-deferred"].evidence["deferred_share"] == 1.0
 
 
 @pytest.mark.symptom_without_cause("reduce-scatter-deferred")
