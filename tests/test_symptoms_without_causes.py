@@ -9,19 +9,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import cpu_op, frame, kernel, launch, runtime, step, write_trace
 from builders import diagnose_events as diagnose
 from builders import findings_by_rule as rules
-from builders import frame, kernel, launch, runtime, step
 
+from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
+from overlapcheck.diagnose.facts.coverage import gradient_tails, inherent_windows, whole_model_share
 from overlapcheck.diagnose.facts.hostsyncs import origin_of
 from overlapcheck.diagnose.facts.view import RankFacts
+from overlapcheck.model import Fix
 from overlapcheck.trace.reader import load_trace
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
 RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 COMPUTE = 7
+DTOD = "Memcpy DtoD (Device -> Device)"
 SYNC_RULES = {
     "comms-logger-sync",
     "throughput-timer-sync",
@@ -38,6 +42,13 @@ EPILOGUE = "deepspeed/runtime/zero/stage3.py(1407): independent_gradient_partiti
 PARTITION_GRADS = "deepspeed/runtime/zero/stage3.py(1568): partition_grads"
 REDUCE_THROTTLE = "deepspeed/runtime/zero/stage3.py(1667): __reduce_and_partition_ipg_grads"
 FETCH = "deepspeed/runtime/zero/partitioned_param_coordinator.py(385): fetch_sub_module"
+
+
+def facts_of(folder: Path, events: list[dict[str, Any]]) -> RankFacts:
+    """`events` written as rank 0 in `folder`, read back as its facts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_trace(folder, "rank0.trace.json.gz", events, rank=0, world_size=2)
+    return facts(folder)
 
 
 def facts(folder: Path) -> RankFacts:
@@ -257,6 +268,79 @@ def test_reduce_scatter_exposed_after_backward_on_its_own_stream_is_not_overlap_
     assert f.cost_us == 300.0 and f.evidence["reduce_scatters_on_compute_stream"] == 1
 
 
+def epilogue_flush(flushes: int, copies: int = 4, stream: int = 17, frames: bool = False) -> list[dict[str, Any]]:
+    """Four backward GEMMs [20 + 100 i, + 100) launched by the autograd thread (tid 200) inside its backward op,
+    after each a gradient copied into the bucket (a 1 µs device-to-device memcpy on the reduce stream 17;
+    `copies` of them share 2000 bytes). With `flushes` 1 the bucket holds every gradient and the epilogue issues
+    one 1000-element reduce-scatter [620, 1020) after backward; with 4, a 250-element reduce-scatter
+    [125 + 100 i, + 90) follows each copy during backward and only the last one [425, 515) is after it. As
+    DeepSpeed's partition_grads does, the autograd thread launches the gradient partition `copy_` on the reduce
+    stream right after each reduce-scatter (it runs 5 µs after it ends). `stream`: the reduce stream (the
+    compute stream with overlap_comm off); `frames`: the partition copy is launched under partition_grads."""
+    events = [step(1, 0, 2000), cpu_op("autograd::engine::evaluate_function: MmBackward0", 5, 120, tid=200)]
+    for i in range(4):
+        events += [launch(10 + 20 * i, 10 + i, tid=200), kernel(GEMM, 20 + 100 * i, 100, corr=10 + i)]
+        if i < copies:
+            events += [launch(11 + 20 * i, 20 + i, tid=200), copy(DTOD, 121 + 100 * i, 1, 20 + i, 17)]
+            events[-1]["args"]["bytes"] = 2000 // copies
+    if flushes == 1:
+        reductions = [(100.0, 620.0, 1000, 400.0)]
+    else:
+        reductions = [(12.0 + 20 * j, 125.0 + 100 * j, 250, 90.0) for j in range(4)]
+    for j, (at, start, nelems, dur) in enumerate(reductions):
+        rs = kernel(RS, start, dur, stream=stream, corr=30 + j, **coll("_reduce_scatter_base", "1", nelems))
+        partition = kernel("void at::native::direct_copy_kernel_cuda", start + dur + 5, 5, stream=stream, corr=40 + j)
+        events += [launch(at, 30 + j, tid=200), rs, launch(at + 1, 40 + j, tid=200), partition]
+        if frames:
+            events += [frame(PARTITION_GRADS, at + 0.5, 1, tid=200)]
+    return events
+
+
+@pytest.mark.symptom_without_cause("reduce-scatter-deferred")
+def test_buckets_flushed_during_backward_are_not_deferred_though_partition_copies_follow(tmp_path: Path) -> None:
+    # four buckets, each reduce-scatter launched by the autograd thread during backward; only the last bucket's
+    # runs after the last compute-stream kernel: a quarter of the volume, not deferral
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 250}}
+    assert "reduce-scatter-deferred" not in rules(diagnose(tmp_path / "buckets", epilogue_flush(4), config))
+
+
+def test_one_bucket_flushed_by_the_epilogue_is_deferred_despite_its_partition_copy(tmp_path: Path) -> None:
+    # one 1000-element bucket after backward, launched (with its partition copy_ on the reduce stream after it)
+    # by the autograd thread: the copy is not backward's last kernel, so the whole reduce-scatter is deferred;
+    # the cost is its 400 µs less the last bucket of the suggested 250 elements (a quarter)
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}}
+    report = diagnose(tmp_path / "one", epilogue_flush(1), config)
+    f = rules(report)["reduce-scatter-deferred"]
+    assert f.evidence["deferred_share"] == 1.0 and f.cost_us == 300.0
+    assert f.fix.config == {"zero_optimization.reduce_bucket_size": 250}
+
+
+def test_with_overlap_comm_off_the_partition_copy_under_its_frame_is_not_backwards_last_kernel(tmp_path: Path) -> None:
+    # the same epilogue flush on the compute stream (overlap_comm off): there the partition copy_ is a
+    # compute-stream kernel after the reduce-scatter, and only its partition_grads frame tells it from backward
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}}
+    framed_copy = rules(diagnose(tmp_path / "framed", epilogue_flush(1, stream=COMPUTE, frames=True), config))
+    assert framed_copy["reduce-scatter-deferred"].evidence["deferred_share"] == 1.0
+
+
+@pytest.mark.symptom_without_cause("reduce-scatter-deferred")
+def test_a_single_gradient_reduced_after_backward_is_its_inherent_last_bucket(tmp_path: Path) -> None:
+    # one reduce-scatter after backward that took in one gradient copy: a single tensor no bucket splits, so
+    # its transfer is inherent whole (no finding could cover it)
+    view = facts_of(tmp_path / "single", epilogue_flush(1, copies=1))
+    tail = gradient_tails(view)[0]
+    assert whole_model_share(view, tail) == 1.0
+    assert iv.length(inherent_windows(view)) == 400.0
+
+
+def test_the_whole_model_in_one_bucket_is_inherent_only_as_its_last_suggested_bucket(tmp_path: Path) -> None:
+    # the same reduce-scatter took in four gradient copies: the whole model in one bucket, the deferral; only
+    # the last of the suggested 250-element buckets (a quarter of its 400 µs transfer) is inherent
+    view = facts_of(tmp_path / "whole", epilogue_flush(1))
+    assert whole_model_share(view, gradient_tails(view)[0]) == 0.25
+    assert iv.length(inherent_windows(view)) == 100.0
+
+
 def gathers(n: int, nelems: int) -> list[dict[str, Any]]:
     """One step: `n` times a GEMM [100 i, + 50) and an all-gather of `nelems` bf16 elements [100 i + 60, + 20)
     after it, each all-gather exposed for 20 µs."""
@@ -346,6 +430,49 @@ def on_demand_gathers() -> list[dict[str, Any]]:
         ]
         corr += 3
     return events
+
+
+def steps_fetching_on_demand(numbers: list[int], on_demand_in: set[int]) -> list[dict[str, Any]]:
+    """`ProfilerStep#n` for each of `numbers`, 2000 µs apart; each as `on_demand_gathers` (two 202 µs stalls on
+    all-gathers issued when their module ran) if n is in `on_demand_in`, else the same compute with nothing
+    fetched late."""
+    events: list[dict[str, Any]] = []
+    for i, n in enumerate(numbers):
+        step_events = on_demand_gathers() if n in on_demand_in else on_demand_gathers()[:5]
+        base, corr = 2000.0 * i, 100 * i
+        for e in step_events:
+            e = {**e, "ts": e["ts"] + base, "args": dict(e.get("args", {}))}
+            if "correlation" in e["args"]:
+                e["args"]["correlation"] += corr
+            if e["name"].startswith("ProfilerStep#"):
+                e["name"] = f"ProfilerStep#{n}"
+            events.append(e)
+    return events
+
+
+@pytest.mark.symptom_without_cause("allgather-not-prefetched")
+def test_on_demand_fetches_only_in_the_jobs_first_step_are_its_warm_up(tmp_path: Path) -> None:
+    # ProfilerStep#0, the job's first step, fetches on demand (DeepSpeed records its parameter trace there);
+    # steps 1 and 2 do not: a warm-up, info without a fix, not a missing prefetch
+    found = rules(diagnose(tmp_path / "first", steps_fetching_on_demand([0, 1, 2], {0})))
+    assert "allgather-not-prefetched" not in found
+    f = found["first-step-warm-up"]
+    assert f.severity == "info" and f.fix == Fix() and f.steps == [0]
+    assert f.cost_us == round(404.0 / 3, 3) and f.evidence["on_demand_fetches_in_step"] == 2
+
+
+@pytest.mark.symptom_without_cause("first-step-warm-up")
+def test_on_demand_fetches_in_a_later_first_step_or_in_every_step_are_not_prefetched(tmp_path: Path) -> None:
+    # the same pattern in the first profiled step of a profiler with wait and warm-up steps (ProfilerStep#2):
+    # not the job's first step, so a re-recorded (invalidated) trace; the finding names that step only and
+    # counts its fetches per step where they hold (2), not averaged over the three steps (0.67, below 2)
+    found = rules(diagnose(tmp_path / "later", steps_fetching_on_demand([2, 3, 4], {2})))
+    assert "first-step-warm-up" not in found
+    f = found["allgather-not-prefetched"]
+    assert f.steps == [2] and f.evidence["on_demand_fetches_per_step"] == round(2 / 3, 2)
+    # from step 0 on, but repeated in the later steps (dynamic control flow): no warm-up either
+    found = rules(diagnose(tmp_path / "every", steps_fetching_on_demand([0, 1, 2], {0, 1, 2})))
+    assert "first-step-warm-up" not in found and found["allgather-not-prefetched"].steps == [0, 1, 2]
 
 
 def queued_gathers() -> list[dict[str, Any]]:

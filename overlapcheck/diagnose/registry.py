@@ -40,6 +40,7 @@ RULES: tuple[Rule, ...] = (
     streams.SAME_COMMUNICATOR,
     streams.NO_STREAM_CONCURRENCY,
     waits.NOT_PREFETCHED,
+    waits.WARM_UP,
     waits.TRANSFER_BOUND,
     buckets.REDUCE_TRANSFER_BOUND,
     waits.CROSS_STREAM_WAIT,

@@ -21,7 +21,14 @@ import numpy as np
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, phase_of, phase_windows
 from overlapcheck.analysis.bandwidth import group_sizes, message_bytes
-from overlapcheck.diagnose.facts.sizing import RS
+from overlapcheck.diagnose.facts.sizing import (
+    RS,
+    gradient_copies,
+    last_bucket_fraction,
+    parameter_count,
+    recommended_bucket,
+    reduce_bucket_size,
+)
 from overlapcheck.model import Finding
 from overlapcheck.trace import classify as C
 
@@ -133,9 +140,11 @@ def inherent_windows(view: RankFacts, transfer: np.ndarray | None = None) -> iv.
     RankFacts.first_gather_waits), and of the last gradient reduction once backward compute has ended (the last
     bucket, flushed by the epilogue): the step's last-ending reduce-scatter (all-reduce when it has none, as in
     DDP), after the end of the last compute-stream kernel its backward pass issued; without backward ops in the
-    trace, when no compute of the step starts after it. Reductions still queued behind it, and the part of a
-    kernel beyond its transfer (waiting for peers, a slow link), are not inherent. With `transfer` = each kernel's
-    duration: the whole of those kernels, as if they were all transfer (a slow link, not late peers)."""
+    trace, when no compute-stream compute of the step starts after it. Of a last bucket that holds the whole
+    model's gradients only the last bucket of the recommended size is inherent (`whole_model_share`). Reductions
+    still queued behind it, and the part of a kernel beyond its transfer (waiting for peers, a slow link), are not
+    inherent. With `transfer` = each kernel's duration: the whole of those kernels, as if they were all transfer
+    (a slow link, not late peers)."""
     g = view.gpu
     transfer = transfer_us(view) if transfer is None else transfer
     first = view.step_first_gathers
@@ -148,17 +157,44 @@ def inherent_windows(view: RankFacts, transfer: np.ndarray | None = None) -> iv.
     inherent = iv.union(np.maximum(waits_from, g.end[first] - transfer[first]), g.end[first])
     for tail in gradient_tails(view):
         last = tail.last
-        lo = max(tail.after, float(g.end[last] - transfer[last]))
+        share = whole_model_share(view, tail)
+        lo = max(tail.after, float(g.end[last] - share * transfer[last]))
         inherent = iv.combine(
             inherent, iv.clip(iv.union(g.start[last : last + 1], g.end[last : last + 1]), lo, g.end[last])
         )
     return iv.subtract(inherent, view.compute)
 
 
+def whole_model_share(view: RankFacts, tail: GradientTail) -> float:
+    """The share of the last bucket's transfer that is inherent: all of it, unless that bucket holds the whole
+    model's gradients, which is the deferral `reduce-scatter-deferred`'s fix (a smaller reduce_bucket_size)
+    removes; then only the last bucket of the recommended size (`last_bucket_fraction`). Whole-model: the
+    configured reduce_bucket_size is at least a parameter count known from outside the trace, or the step's only
+    gradient reduction took in more than one gradient copy (several gradients one flush merged; a single tensor
+    cannot be split, and a count read from the trace's own reductions would agree with any bucket)."""
+    g = view.gpu
+    rows = view.step_rows.get(tail.step, np.zeros(0, dtype=np.int64))
+    kind = int(g.coll[tail.last])
+    mine = rows[view.is_comm[rows] & (g.coll[rows] == kind)]
+    reductions = len(mine)
+    copies = gradient_copies(view)
+    bucket, bucket_src = reduce_bucket_size(view)
+    params, params_src = parameter_count(view)
+    configured = bucket_src == "config" and params_src != "trace" and params is not None and bucket >= params
+    if not (configured or (reductions == 1 and int(copies[rows].sum()) > 1)):
+        return 1.0
+    elems = int(np.maximum(g.nelems[mine], g.out_nelems[mine]).clip(0).sum()) or (params or 0)
+    return last_bucket_fraction(view, rows, recommended_bucket(params or elems), elems, copies)
+
+
 def _compute_after(view: RankFacts, step: int, t: float) -> bool:
-    """Whether a compute kernel of `step` starts at or after `t`."""
+    """Whether a compute-stream compute kernel of `step` starts at or after `t` (the reduction stream's own
+    kernels, e.g. partition_grads' copy after each reduce-scatter, are not compute that follows the tail)."""
     rows = view.step_rows.get(step)
-    return rows is not None and bool((view.is_compute[rows] & (view.gpu.start[rows] >= t)).any())
+    if rows is None:
+        return False
+    on_stream = view.is_compute[rows] & (view.gpu.stream[rows] == view.compute_stream)
+    return bool((on_stream & (view.gpu.start[rows] >= t)).any())
 
 
 def coverage(view: RankFacts, findings: Sequence[Finding], limits: Collection[str] = ()) -> Coverage:

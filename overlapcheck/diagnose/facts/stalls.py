@@ -105,10 +105,36 @@ def on_demand(view: RankFacts, st: Stalls) -> np.ndarray:
 
 
 def not_prefetched(view: RankFacts, st: Stalls) -> np.ndarray:
-    """On-demand all-gather stalls, when there are enough per step to be a pattern: the first fetch of forward
-    and of backward has nothing before it to hide behind."""
-    mask = on_demand(view, st)
-    return mask if mask.sum() / view.n_steps >= MIN_ON_DEMAND_PER_STEP else np.zeros_like(mask)
+    """On-demand all-gather stalls in the steps that have enough of them to be a pattern (`per_step_pattern`):
+    the first fetch of forward and of backward has nothing before it to hide behind."""
+    return per_step_pattern(view, st, on_demand(view, st))
+
+
+def per_step_pattern(view: RankFacts, st: Stalls, mask: np.ndarray) -> np.ndarray:
+    """The stalls of `mask` in the steps (of the stalled activity, by its launch) that hold at least
+    MIN_ON_DEMAND_PER_STEP of them: a pattern is counted in each step where it holds, not averaged over steps
+    (18 in one step of three are not 6 per step). Stalls outside every step count as one more group."""
+    steps = view.gpu_step[st.kernel]
+    keep = mask.copy()
+    values, counts = np.unique(steps[mask], return_counts=True)
+    for step, n in zip(values.tolist(), counts.tolist(), strict=True):
+        if n < MIN_ON_DEMAND_PER_STEP:
+            keep[mask & (steps == step)] = False
+    return keep
+
+
+def job_first_step(view: RankFacts) -> int | None:
+    """The trace's first profiled step when it is plausibly the job's first training step, else None.
+
+    torch.profiler numbers `ProfilerStep#N` by its own count of `step()` calls since it was created, so the first
+    step of a schedule with wait or warm-up steps (`ProfilerStep#2` for wait 1, warm-up 1) is not the job's first,
+    and `ProfilerStep#0` is the first step of a profiler that started recording with the training loop. Taken as
+    the job's first: the trace's first step is numbered 0. (A profiler created later in the job would number
+    its first step 0 too; the trace cannot tell, and the reading is then a first profiled step that differs.)"""
+    if not len(view.model.steps):
+        return None
+    first = int(view.model.steps.number.min())
+    return first if first == 0 else None
 
 
 def rest(view: RankFacts, st: Stalls, claimed: np.ndarray) -> np.ndarray:

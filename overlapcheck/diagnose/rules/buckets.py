@@ -13,7 +13,15 @@ from overlapcheck.diagnose.facts.concurrency import default_stream_claims
 from overlapcheck.diagnose.facts.coverage import gradient_tails, transfer_us
 from overlapcheck.diagnose.facts.dtypes import exposed_tail, fp32_reductions
 from overlapcheck.diagnose.facts.hostsyncs import REDUCE_THROTTLE, STARVED_LAUNCH_US
-from overlapcheck.diagnose.facts.sizing import AG, RS, parameter_count, reduce_bucket_size
+from overlapcheck.diagnose.facts.sizing import (
+    AG,
+    RS,
+    gradient_copies,
+    last_bucket_fraction,
+    parameter_count,
+    recommended_bucket,
+    reduce_bucket_size,
+)
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix, round_size, sci
 from overlapcheck.diagnose.locators import exposed_blames
@@ -23,21 +31,29 @@ from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import SHAPES_NOTE
 
 DEFERRED_SHARE = 0.5  # share of a step's reduce-scatter elements flushed after backward
-RECOMMENDED_BUCKET = 50_000_000  # the size DeepSpeed's ZeRO-3 examples and HF `auto` land near for 1-10B models
 TINY_BYTES = 1 << 20
 TINY_PER_STEP = 32
 _DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Byte": 1, "Char": 1, "Int": 4, "Long": 8}
 
 
+REDUCTION_FRAMES = ("__reduce_and_partition_ipg_grads", "partition_grads")  # DeepSpeed's own reduction kernels
+
+
 def backward_end(view: RankFacts) -> dict[int, float]:
-    """Per step: launch time of the last compute kernel launched by a thread other than the one that runs the
-    step loop (PyTorch runs CUDA backward on its autograd device thread)."""
+    """Per step: launch time of the last compute-stream compute kernel launched by a thread other than the one
+    that runs the step loop (PyTorch runs CUDA backward on its autograd device thread). The same thread launches
+    DeepSpeed's reduction kernels (the gradient partition `copy_` of partition_grads right after each
+    reduce-scatter, the bucket's scaling): on the reduction stream they are not backward's, and with stacks those
+    launched under REDUCTION_FRAMES are left out on any stream (overlap_comm off puts them on the compute stream)."""
     o = view.model.ops
     main = {int(o.thread[i]) for i in np.flatnonzero(view.name_mask(o.name, lambda n: n.startswith("ProfilerStep#")))}
     if not main:
         return {}
     rt_thread = view.launch_thread
-    sel = view.is_compute & (view.gpu_step >= 0) & (rt_thread >= 0) & ~np.isin(rt_thread, list(main))
+    sel = view.is_compute & (view.gpu.stream == view.compute_stream) & (view.gpu_step >= 0) & (rt_thread >= 0)
+    sel &= ~np.isin(rt_thread, list(main))
+    for function in REDUCTION_FRAMES:
+        sel &= ~launched_in(view, function)
     return {step: float(view.launch[rows].max()) for step, rows in view.group_by_step(np.flatnonzero(sel)).items()}
 
 
@@ -50,36 +66,6 @@ def launched_in(view: RankFacts, function: str) -> np.ndarray:
     spans = iv.union(o.start[frames], o.end[frames])
     i = np.searchsorted(spans.starts, view.launch, side="right") - 1
     return (i >= 0) & (view.launch < spans.ends[np.maximum(i, 0)])
-
-
-def _gradient_copies(view: RankFacts) -> np.ndarray:
-    """Mask of the device-to-device copies with a size: gradients copied into a bucket."""
-    g = view.gpu
-    dtod = view.name_mask(g.name, lambda n: "DtoD" in n or "Device -> Device" in n)
-    return (g.cls == C.MEMCPY) & (g.nbytes > 0) & dtod
-
-
-def last_bucket_fraction(
-    view: RankFacts, rows: np.ndarray, bucket_elems: int, elems_per_step: int, gradient_copies: np.ndarray | None = None
-) -> float:
-    """Share of the step's gradient volume that would be in the last bucket with `bucket_elems` buckets.
-
-    DeepSpeed flushes when `elements + numel > reduce_bucket_size` (stage3.py
-    reduce_independent_p_g_buckets_and_remove_grads), so the last bucket is what is left after the last flush.
-    Gradients are the device-to-device copies into the bucket (`__add_grad_to_ipg_bucket` copy_), in order.
-    `rows`: the step's GPU rows (ascending); `gradient_copies`: `_gradient_copies(view)`, when already known."""
-    g = view.gpu
-    copies = rows[(_gradient_copies(view) if gradient_copies is None else gradient_copies)[rows]]
-    if not len(copies) or elems_per_step <= 0:
-        return min(1.0, bucket_elems / elems_per_step) if elems_per_step > 0 else 1.0
-    sizes = g.nbytes[copies[np.argsort(view.launch[copies], kind="stable")]].astype(np.float64)
-    limit = bucket_elems * sizes.sum() / elems_per_step  # the bucket in bytes of these copies
-    current = 0.0
-    for n in sizes.tolist():
-        if current and current + n > limit:
-            current = 0.0
-        current += n
-    return float(current / sizes.sum())
 
 
 def held_first_gathers_exposed(view: RankFacts) -> float:
@@ -105,14 +91,6 @@ def _per_row(per_step: dict[int, float], steps: np.ndarray) -> np.ndarray:
     values = np.array([per_step[k] for k in keys.tolist()], dtype=np.float64)
     i = np.clip(np.searchsorted(keys, steps), 0, len(keys) - 1)
     return np.where(keys[i] == steps, values[i], np.inf)
-
-
-def recommended_bucket(params: int | None) -> int:
-    """5e7 elements (the ZeRO-3 examples' size; several buckets per step from 2e8 parameters up), else a quarter
-    of a smaller model so that at least four buckets overlap backward."""
-    if params is None or params >= 4 * RECOMMENDED_BUCKET:
-        return RECOMMENDED_BUCKET
-    return round_size(params / 4)
 
 
 def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
@@ -141,7 +119,7 @@ def reduce_scatter_deferred(view: RankFacts) -> list[Finding]:
         return []
     target = recommended_bucket(params)
     costs, steps = [], []
-    copies = _gradient_copies(view)
+    copies = gradient_copies(view)
     measured = _measured_volume(view, copies) if not elems_step else None
     if measured is not None:
         elems_step = int(measured["elements_per_step"])
@@ -285,7 +263,7 @@ def overlap_comm_disabled(view: RankFacts) -> list[Finding]:
     serial = (on_compute if on_compute.any() else rs) | copies | reduction
     compute = iv.union(g.start[view.is_compute & ~reduction], g.end[view.is_compute & ~reduction])
     costs, steps = [], []
-    grads = _gradient_copies(view)
+    grads = gradient_copies(view)
     covers = iv.subtract(iv.union(g.start[serial & in_steps], g.end[serial & in_steps]), compute)
     for step in np.unique(view.gpu_step[rs]).tolist():
         rows = view.step_rows[step]

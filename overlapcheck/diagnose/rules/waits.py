@@ -14,10 +14,11 @@ from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, DEFAULT_PREFETCH_BUCKET
 from overlapcheck.diagnose.facts.stalls import (
-    MIN_ON_DEMAND_PER_STEP,
     Stalls,
+    job_first_step,
     not_prefetched,
     on_demand,
+    per_step_pattern,
     rest,
 )
 from overlapcheck.diagnose.facts.view import RankFacts
@@ -45,6 +46,8 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
     costs = np.maximum(0.0, all_costs - on_demand_remainder(view))[mask]
     per_step = mask.sum() / view.n_steps
     cost, steps = view.per_step(costs, view.launch[st.kernel[mask]])
+    if round(cost, 3) <= 0:  # as the finding reports it
+        return []  # prefetched, the gathers would be waited for as long: allgather-transfer-bound's
     prefetch = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
     if prefetch is not None and prefetch <= 0:
         why = "stage3_prefetch_bucket_size is 0, so no all-gather is issued before its module needs it"
@@ -118,9 +121,71 @@ def _not_prefetched_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     # what a recorded wait on the default stream added to a gather's lateness is that wait's (overlap-comm-disabled)
     claimed = view.claimed_by_communicator + default_stream_claims(view)
     costs = rest(view, st, claimed) - host_delayed(view).explained
-    mask = not_prefetched(view, st) & (costs > 0)
-    mask &= mask.sum() / view.n_steps >= MIN_ON_DEMAND_PER_STEP
-    return mask, np.maximum(costs, 0.0)
+    mask = per_step_pattern(view, st, not_prefetched(view, st) & (costs > 0))
+    return mask & ~warm_up_stalls(view, mask), np.maximum(costs, 0.0)
+
+
+def warm_up_stalls(view: RankFacts, mask: np.ndarray) -> np.ndarray:
+    """Of the on-demand pattern `mask`, the stalls of a warm-up: DeepSpeed prefetches only once its parameter
+    trace is complete (partitioned_param_coordinator.py `is_complete_trace`), and it records that trace during
+    the first step it runs, fetching every module on demand. So a pattern confined to the job's first step
+    (`job_first_step`), with later profiled steps that do not repeat it, is that recording, not a prefetch
+    setting; all of `mask` is then returned, else none. A trace invalidated later (a module-order change) is
+    re-recorded in a later step, which the step number tells apart; and invalidated every step (dynamic control
+    flow), the pattern holds in the later steps too."""
+    first = job_first_step(view)
+    steps = set(view.gpu_step[view.stalls.kernel[mask]].tolist())
+    if first is None or steps != {first} or view.n_steps < 2:
+        return np.zeros_like(mask)
+    return mask.copy()
+
+
+def warm_up_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+    """Per stall: whether it is a first-step warm-up fetch (`warm_up_stalls`), and its cost (what no more
+    specific rule claimed). Once per rank."""
+    return view.memo("warm_up_costs", _warm_up_costs)
+
+
+def _warm_up_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+    st = view.stalls
+    claimed = view.claimed_by_communicator + default_stream_claims(view)
+    costs = np.maximum(rest(view, st, claimed) - host_delayed(view).explained, 0.0)
+    mask = per_step_pattern(view, st, not_prefetched(view, st) & (costs > 0))
+    return warm_up_stalls(view, mask), costs
+
+
+def first_step_warm_up(view: RankFacts) -> list[Finding]:
+    """The job's first step fetches every module on demand while DeepSpeed records its parameter trace
+    (`warm_up_stalls`): compute waits for those all-gathers in that step only. Reported as info, without a fix:
+    nothing in the config changes it, and the later steps prefetch."""
+    if hardware_serialized(view):
+        return []
+    mask, costs = warm_up_costs(view)
+    if not mask.any():
+        return []
+    st = view.stalls
+    cost, steps = view.per_step(costs[mask], view.launch[st.kernel[mask]])
+    if round(cost, 3) <= 0:
+        return []
+    evidence = {
+        "on_demand_fetches_in_step": int(mask.sum()),
+        "step": steps[0] if steps else None,
+        "later_steps": [s for s in view.step_numbers if s not in steps],
+    }
+    return [
+        finding(
+            WARM_UP.id,
+            "The first step fetches its parameters on demand (warm-up)",
+            "DeepSpeed prefetches only once its parameter trace is complete, and it records that trace in the "
+            "first step it runs: that step's all-gathers are issued when their module runs and compute waits for "
+            "them; the later profiled steps prefetch. A warm-up, not a setting: profile from a later step",
+            cost,
+            [view.rank_id],
+            steps,
+            evidence,
+            covers=_windows(st, mask),
+        )
+    ]
 
 
 def wait_costs(view: RankFacts) -> np.ndarray:
@@ -392,7 +457,18 @@ def not_prefetched_blames(view: RankFacts, located: Located) -> list[Blame]:
     return [b for rule, f in located for b in _stall_blames(view, rule, f, sel, costs, "all_gather (not prefetched)")]
 
 
+def warm_up_blames(view: RankFacts, located: Located) -> list[Blame]:
+    """The compute-stream waits for the first step's on-demand all-gathers."""
+    if not len(view.stalls.kernel):
+        return []
+    mask, costs = warm_up_costs(view)
+    sel = np.flatnonzero(mask)
+    return [b for rule, f in located for b in _stall_blames(view, rule, f, sel, costs, "all_gather (first step)")]
+
+
 NOT_PREFETCHED = Rule("allgather-not-prefetched", allgather_not_prefetched, blame=not_prefetched_blames)
+# the trace-recording first step: no fix, info only
+WARM_UP = Rule("first-step-warm-up", first_step_warm_up, severity_cap="info", blame=warm_up_blames)
 # the transfer itself outruns the compute beside it: no schedule fix; bandwidth-bound owns it when it dominates
 TRANSFER_BOUND = Rule(
     "allgather-transfer-bound", allgather_transfer_bound, severity_cap="info", limit=True, blame=exposed_blames
