@@ -16,6 +16,7 @@ import dataclasses
 import operator
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
@@ -192,8 +193,11 @@ _OWN_HEAD = re.compile(
 def _own_output(path: str) -> bool:
     """Whether the .json / .json.gz file `path` in a folder of traces is one of overlapcheck's own outputs (a
     report, a comparison, a Perfetto export written beside the traces), which scanning the folder skips: read
-    as a trace it was an error, and every later `analyze FOLDER` exited 2. Reads its first bytes only."""
+    as a trace it was an error, and every later `analyze FOLDER` exited 2. Reads the first bytes of a regular file
+    only (opening a FIFO would block until a writer comes: the reader reports it)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as fh:
             head = fh.read(512)
         if head[:2] == b"\x1f\x8b":
