@@ -277,3 +277,16 @@ def test_a_finding_that_blames_nothing_is_drawn_on_its_steps(seed_report):
     f = seed_report.findings[0]
     windows, how = finding_windows(0, f, tl)
     assert windows == [(s.start, s.end) for s in tl.steps if s.step in f.steps] and how.startswith("each step")
+
+
+def test_a_report_without_timelines_is_an_error_not_an_empty_trace() -> None:
+    """The API's `renderer("perfetto")` over a report analyzed without timelines: an empty trace would read as a
+    job with no events."""
+    from builders import make_report
+
+    from overlapcheck.errors import UserError
+
+    report = make_report()
+    assert report.ranks and not report.timelines
+    with pytest.raises(UserError, match="no timelines"):
+        PerfettoRenderer().render(report)

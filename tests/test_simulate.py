@@ -379,6 +379,9 @@ def test_cli_rejects_unknown_scenario_and_bad_versions(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "nope" in result.output
     result = CliRunner().invoke(main, ["simulate", "--torch-version", "latest", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "latest" in result.output
+    for empty_part in ("healthy+", "+straggler", "healthy++straggler"):  # were read as healthy / straggler
+        result = CliRunner().invoke(main, ["simulate", "--scenario", empty_part, "--out", str(tmp_path / "x")])
+        assert result.exit_code == 2 and "empty part" in result.output, empty_part
     assert not (tmp_path / "x").exists()
 
 

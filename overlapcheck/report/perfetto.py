@@ -19,6 +19,7 @@ import json
 import math
 from typing import Any
 
+from overlapcheck.errors import UserError
 from overlapcheck.model import Blame, Finding, Report, Timeline
 from overlapcheck.report import present as P
 
@@ -49,6 +50,12 @@ class PerfettoRenderer:
         self.compress = compress
 
     def render(self, report: Report) -> str | bytes:
+        """The document; a UserError when the report holds no timeline (it was analyzed without them: an empty
+        trace would look like a job with no events)."""
+        if not report.timelines and report.ranks:
+            raise UserError(
+                "the report has no timelines: analyze with timelines=True (the CLI's --perfetto does) to export them"
+            )
         text = json.dumps(trace_document(report), separators=(",", ":"), allow_nan=False)
         return gzip.compress(text.encode("utf-8"), mtime=0) if self.compress else text
 

@@ -346,9 +346,12 @@ MAX_RANK_STEPS = 8192  # world size x steps: ~1.5 MB of memory each (measured: 1
 
 
 def parse_scenario(name: str) -> list[str]:
-    parts = [p.strip() for p in name.split("+") if p.strip()]
+    """The presets of `a+b+...`; a UserError for an unknown one or an empty part (`healthy+`, `a++b`)."""
+    parts = [p.strip() for p in name.split("+")]
+    if any(not p for p in parts):
+        raise UserError(f"scenario {name!r} has an empty part: presets are joined by single '+'s")
     unknown = [p for p in parts if p not in PRESETS]
-    if not parts or unknown:
+    if unknown:
         raise UserError(f"unknown scenario {', '.join(unknown) or repr(name)}; presets: {', '.join(sorted(PRESETS))}")
     return parts
 
