@@ -231,3 +231,21 @@ def test_shape_fields_stay_raw_until_a_nccl_op_reads_them() -> None:
     assert event.args is not None
     assert isinstance(event.args.input_dims, msgspec.Raw) and isinstance(event.args.input_type, msgspec.Raw)
     assert msgspec.json.decode(event.args.input_dims) == [[4, 8], [8, 2]]
+
+
+def test_a_lone_surrogate_escape_is_read_as_the_replacement_character_with_a_note(tmp_path) -> None:
+    """`"\\ud800"` is valid JSON (Python's json.dump writes it for a lone surrogate) but no Unicode character:
+    msgspec refuses the whole run ("truncated"). The trace is read, each lone escape as U+FFFD, with a note; a
+    surrogate pair and an escaped backslash before `ud800` stay what they are."""
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k\ud800x", "pid": 0, "tid": 7, "ts": 1, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "pair \ud83d\ude00, low \udc00, text \\ud800", "ts": 1, "dur": 2},
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(msgspec.DecodeError):
+        EVENTS_DECODER.decode(json.dumps(events).encode())
+    ts = TraceStream(str(path), EVENTS_DECODER)
+    names = [e.name for batch in ts.batches() for e in batch]
+    assert names == ["k\ufffdx", "pair \U0001f600, low \ufffd, text \\ud800"]
+    assert ts.notes == ["2 lone UTF-16 surrogate escapes in strings (no Unicode character) were read as U+FFFD"]

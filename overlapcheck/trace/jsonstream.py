@@ -49,6 +49,11 @@ _BOM = b"\xef\xbb\xbf"
 _QUOTE, _BACKSLASH = 34, 92
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _LEADING = re.compile(rb"\s*(,?)")  # what precedes the first event of a run: a comma after an earlier event
+# a \\uD800-\\uDFFF escape that is not half of a pair (high then low), after an even run of backslashes (a real escape)
+_LONE_SURROGATE = re.compile(
+    rb"(?<!\\)((?:\\\\)*)\\u(?:d[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2}\\u)d[c-f][0-9a-f]{2})",
+    re.IGNORECASE,
+)
 _GUESS_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
@@ -149,6 +154,7 @@ class TraceStream:
         self.metadata: dict[str, Any] = {}
         self.bare_list = False
         self.notes: list[str] = []  # what was read but is doubtful (TraceModel.notes)
+        self.lone_surrogates = 0  # lone UTF-16 surrogate escapes read as U+FFFD (_without_lone_surrogates)
         self._continued = False  # an earlier run of events was decoded: the next one starts with a comma
         # how far the incomplete part of the carried bytes was already scanned: (offset, depth there, in a string)
         self._resume: tuple[int, int, bool] = (0, 0, False)
@@ -243,6 +249,11 @@ class TraceStream:
         if not done:
             raise UserError("truncated JSON: the event array never closes", path)
         self._read_metadata(header, b"".join(trailer))
+        if self.lone_surrogates:
+            self.notes.append(
+                f"{self.lone_surrogates} lone UTF-16 surrogate escapes in strings (no Unicode character) were read as "
+                "U+FFFD"
+            )
 
     def _guess_split(self, buf: bytes, decode: bool = True) -> tuple[Any, bytes]:
         """Decode the events of `buf` up to the last `},{` in its tail, if that is an event boundary.
@@ -358,9 +369,26 @@ class TraceStream:
         except msgspec.ValidationError as exc:
             raise UserError(f"unexpected event field type ({exc})", self.path) from None
         except msgspec.DecodeError as exc:
-            raise UserError(f"malformed JSON ({exc}){_nan_hint(exc, b'[' + body)}", self.path) from None
+            events = self._without_lone_surrogates(body)
+            if events is None:
+                raise UserError(f"malformed JSON ({exc}){_nan_hint(exc, b'[' + body)}", self.path) from None
+            return events
         except RecursionError:
             raise UserError(f"an event is nested too deeply (over {_depth_limit()} levels)", self.path) from None
+
+    def _without_lone_surrogates(self, body: bytes) -> list | None:
+        """The events of a run that failed to decode only because a string holds a lone UTF-16 surrogate escape
+        (`"\\ud800"`: valid JSON, no Unicode character; Python's json reads it, msgspec does not), with each
+        such escape read as U+FFFD and a note; None when the run has none or still does not decode."""
+        fixed, n = _LONE_SURROGATE.subn(rb"\1\\ufffd", body)
+        if not n:
+            return None
+        try:
+            events = self.decoder.decode(b"[" + fixed + b"]")
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return None
+        self.lone_surrogates += n
+        return events
 
     def _read_metadata(self, header: bytes, trailer: bytes) -> None:
         if self.bare_list:
