@@ -11,8 +11,7 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.bandwidth import message_bytes
-from overlapcheck.diagnose.facts.coverage import transfer_us
-from overlapcheck.diagnose.facts.dtypes import AR, MIN_ALL_REDUCE_BYTES, exposed_tail
+from overlapcheck.diagnose.facts.dtypes import AR, MIN_ALL_REDUCE_BYTES, halved_transfer
 from overlapcheck.diagnose.facts.sizing import RS
 from overlapcheck.diagnose.finding import config_value
 
@@ -78,19 +77,5 @@ def _gradient_allreduces(view: RankFacts) -> GradientAllReduces | None:
         source = "call site"
     else:
         return None
-    transfer = transfer_us(view)
-    starts: list[float] = []
-    ends: list[float] = []
-    exposed_total = 0.0
-    for r in rows.tolist():
-        s, e = float(g.start[r]), float(g.end[r])
-        exposed = iv.length(iv.subtract(iv.union(np.array([s]), np.array([e])), view.compute))
-        exposed_total += exposed
-        saved = min(exposed, 0.5 * float(transfer[r]))
-        if saved <= 0:
-            continue
-        a, b = exposed_tail(s, e, view.compute, saved)
-        starts += a
-        ends += b
-    windows = iv.union(np.array(starts), np.array(ends)) if starts else iv.EMPTY
+    exposed_total, windows = halved_transfer(view, rows)
     return GradientAllReduces(rows, source, float(nbytes[rows].sum()), exposed_total, windows)

@@ -65,6 +65,27 @@ def training_dtype(view: RankFacts) -> tuple[str | None, str]:
     return None, "unknown"
 
 
+def halved_transfer(view: RankFacts, rows: np.ndarray) -> tuple[float, iv.Intervals]:
+    """For GPU `rows` whose bytes a fix halves: their exposed time in total, and the windows the fix saves (of
+    each row, the last min(exposed, half its transfer at the best rate) µs of its exposed part)."""
+    g = view.gpu
+    transfer = transfer_us(view)
+    starts: list[float] = []
+    ends: list[float] = []
+    exposed_total = 0.0
+    for r in rows.tolist():
+        s, e = float(g.start[r]), float(g.end[r])
+        exposed = iv.length(iv.subtract(iv.union(np.array([s]), np.array([e])), view.compute))
+        exposed_total += exposed
+        saved = min(exposed, 0.5 * float(transfer[r]))
+        if saved <= 0:
+            continue
+        a, b = exposed_tail(s, e, view.compute, saved)
+        starts += a
+        ends += b
+    return exposed_total, iv.union(np.array(starts), np.array(ends)) if starts else iv.EMPTY
+
+
 def exposed_tail(start: float, end: float, compute: iv.Intervals, saved: float) -> tuple[list[float], list[float]]:
     """The last `saved` µs of the exposed part of [start, end): what a shorter transfer would end sooner."""
     exposed = iv.subtract(iv.union(np.array([start]), np.array([end])), compute)
@@ -131,19 +152,5 @@ def _fp32_reductions(view: RankFacts) -> Fp32Reductions | None:
     share = float(weight[kinds == "fp32"].sum() / max(1e-9, weight.sum()))
     if not len(fp32) or share < FP32_SHARE:
         return None
-    transfer = transfer_us(view)
-    starts: list[float] = []
-    ends: list[float] = []
-    exposed_total = 0.0
-    for r in fp32.tolist():
-        s, e = float(g.start[r]), float(g.end[r])
-        exposed = iv.length(iv.subtract(iv.union(np.array([s]), np.array([e])), view.compute))
-        exposed_total += exposed
-        saved = min(exposed, 0.5 * float(transfer[r]))
-        if saved <= 0:
-            continue
-        a, b = exposed_tail(s, e, view.compute, saved)
-        starts += a
-        ends += b
-    windows = iv.union(np.array(starts), np.array(ends)) if starts else iv.EMPTY
+    exposed_total, windows = halved_transfer(view, fp32)
     return Fp32Reductions(fp32, share, train, train_from, bool(sized), exposed_total, windows)
