@@ -12,11 +12,14 @@ on every rank, are held once per job too. docs/scale.md.
 
 from __future__ import annotations
 
+import contextlib
+from array import array
 from typing import Any
 
 import numpy as np
 
 from overlapcheck.model import (
+    CollectiveSignature,
     Copies,
     ModuleKey,
     Modules,
@@ -26,6 +29,18 @@ from overlapcheck.model import (
     RankResult,
     Split,
     StepMetrics,
+)
+from overlapcheck.packed import PackedList, Packer
+
+# the signature's lists of numbers held as arrays: (field, array type code, the type every item must have)
+_SIGNATURE_NUMBERS = (
+    ("dur", "d", float),
+    ("exposed", "d", float),
+    ("inherent_parts_us", "d", float),
+    ("tail_us", "d", float),
+    ("host_gap_frame_us", "d", float),
+    ("bytes", "q", int),
+    ("group", "q", int),
 )
 
 
@@ -40,25 +55,38 @@ class Compactor:
         self._keys: dict[ModuleKey, ModuleKey] = {}  # each distinct module row key once per job
         self._notes: dict[str, str] = {}
         self._sig_keys: dict[str, str] = {}  # each distinct collective key (`group|kind|n-th`) once per job
+        self._packer = Packer()  # each distinct step shape once per job
 
     def result(self, result: RankResult) -> RankResult:
         m = result.metrics
         self._holder(m)
-        for s in m.steps:
-            self._holder(s)
-            for phase in s.phases.values():
-                self._splits(phase.collectives)
+        steps = self._packer.pack(m.steps)
+        if isinstance(steps, PackedList):
+            object.__setattr__(m, "steps", steps)  # frozen: see above
+        else:  # a step holds what the packer does not rebuild: its empty parts shared, as the rank's
+            for s in m.steps:
+                self._holder(s)
+                for phase in s.phases.values():
+                    self._splits(phase.collectives)
         for outside in (m.before_first_step, m.outside_steps):
             if outside is not None:
                 self._holder(outside)
         if isinstance(result.modules, Modules):
             object.__setattr__(result, "modules", self.modules(result.modules))  # frozen: see above
-        sig = result.signature
-        if sig is not None and isinstance(sig.keys, list):
-            # every rank names the same collectives: one string per key per job, not one per rank (about 60
-            # bytes a collective, 12 a step on a tiny rank)
-            sig.keys[:] = [self._sig_keys.setdefault(k, k) for k in sig.keys]
+        if result.signature is not None:
+            self._signature(result.signature)
         return result
+
+    def _signature(self, sig: CollectiveSignature) -> None:
+        """Every rank names the same collectives: one string per key per job, not one per rank (about 60 bytes a
+        collective); each list of numbers an array (8 bytes a number against 32)."""
+        if isinstance(sig.keys, list):
+            sig.keys[:] = [self._sig_keys.setdefault(k, k) for k in sig.keys]
+        for name, code, kind in _SIGNATURE_NUMBERS:
+            values = getattr(sig, name)
+            if isinstance(values, list) and all(type(v) is kind for v in values):
+                with contextlib.suppress(OverflowError):  # an int past int64 (no real size): kept as the list
+                    object.__setattr__(sig, name, array(code, values))  # frozen: see above
 
     def modules(self, modules: Modules) -> PackedModules:
         """A rank's MODULES as arrays, its row keys (and notes) shared with every other rank's: about 40 bytes a

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -262,7 +262,8 @@ class RankMetrics:
     memcpy: Copies
     memset: Copies
     streams: list[StreamStats] = field(default_factory=list)
-    steps: list[StepMetrics] = field(default_factory=list)
+    # a list as analyzed; held as columns once in the main process (overlapcheck/compact.py, packed.py)
+    steps: Sequence[StepMetrics] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     before_first_step: OutsideSteps | None = None  # None: the trace has no steps (or an older document)
     outside_steps: OutsideSteps | None = None
@@ -363,17 +364,19 @@ class CollectiveSignature:
     rank whose host starts its steps late. Written in per-rank summaries only."""
 
     keys: list[str]
-    dur: list[float]
-    exposed: list[float]
+    dur: Sequence[float]  # a list, or an array once in the main process (overlapcheck/compact.py)
+    exposed: Sequence[float]  # a list, or an array once in the main process (overlapcheck/compact.py)
     in_step: list[bool]
     steps: int
-    bytes: list[int] = field(default_factory=list)  # message bytes (nccl-tests size), -1 unknown; [] in old summaries
-    group: list[int] = field(default_factory=list)  # group size, -1 unknown
+    bytes: Sequence[int] = field(
+        default_factory=list
+    )  # message bytes (nccl-tests size), -1 unknown; [] in old summaries
+    group: Sequence[int] = field(default_factory=list)  # group size, -1 unknown
     # the host's lead-in to its steps (diagnose/facts/hostgap.py): mean CPU time per step from the start of
     # `ProfilerStep#N` to the step's first GPU launch, less syncs; None without steps (and in old summaries)
     host_gap_us: float | None = None
     host_gap_frames: list[str] = field(default_factory=list)  # the Python frames that spend it, most first (≤ 3)
-    host_gap_frame_us: list[float] = field(default_factory=list)  # their time per step, in the same order
+    host_gap_frame_us: Sequence[float] = field(default_factory=list)  # their time per step, in the same order
     # the rank's exposed communication per step (facts/coverage.py): all of it, the part its own findings cover,
     # and the inherent part no finding covers; None in old summaries
     exposed_us: float | None = None
@@ -382,8 +385,8 @@ class CollectiveSignature:
     # per collective, the exposed µs of it counted inherent on this rank (a step's first all-gather or last bucket
     # at the rank's best rate, no finding covering it), and of those kernels the exposed µs read as all transfer
     # (facts/coverage.py); [] in old summaries
-    inherent_parts_us: list[float] = field(default_factory=list)
-    tail_us: list[float] = field(default_factory=list)
+    inherent_parts_us: Sequence[float] = field(default_factory=list)
+    tail_us: Sequence[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -556,8 +559,8 @@ def _to_plain(value: Any) -> Any:
         return out
     if isinstance(value, Mapping):
         return {str(k): _to_plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to_plain(v) for v in value]
+    if isinstance(value, list | tuple) or (isinstance(value, Sequence) and not isinstance(value, str | bytes)):
+        return [_to_plain(v) for v in value]  # a PackedList or array (overlapcheck/compact.py) as the list it holds
     return value
 
 
@@ -608,7 +611,7 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
         if tp is Split:
             _check_split(kwargs, path)
         return tp(**kwargs)
-    if origin in (list, tuple):
+    if origin in (list, tuple, Sequence):
         if not isinstance(value, list):
             raise _Shape(f"{path} is not a list")
         (item,) = typing.get_args(tp)[:1]

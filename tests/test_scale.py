@@ -71,16 +71,18 @@ def test_atomic_write_of_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_compact_ranks_share_their_empty_parts_and_keep_every_value(reports: list[Report]) -> None:
-    from overlapcheck.model import RankResult
+    from overlapcheck.model import RankResult, _to_plain
+    from overlapcheck.packed import PackedList
 
     report = reports[0]
-    before = [json.dumps(dataclasses.asdict(r)) for r in report.ranks]
+    before = [json.dumps(_to_plain(r)) for r in report.ranks]
     copies = [RankResult(copy.deepcopy(r)) for r in report.ranks]  # as they arrive: the process's own objects
     compactor = Compactor()
     out = [compactor.result(c).metrics for c in copies]
-    assert [json.dumps(dataclasses.asdict(m)) for m in out] == before
-    empty = [s for m in out for st in m.steps for s in st.collectives.values() if s.count == 0]
-    empty += [c for m in out for st in m.steps for c in (st.memcpy, st.memset) if c.count == 0]
+    assert [json.dumps(_to_plain(m)) for m in out] == before
+    assert all(isinstance(m.steps, PackedList) for m in out)  # the steps as columns (tests/test_packed.py)
+    empty = [s for m in out for s in m.collectives.values() if s.count == 0]
+    empty += [c for m in out for c in (m.memcpy, m.memset) if c.count == 0]
     assert len(empty) > 2 * len({repr(e) for e in empty})
     assert len({id(e) for e in empty}) == len({repr(e) for e in empty})  # one object per distinct empty value
 

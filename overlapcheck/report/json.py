@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from overlapcheck.model import Report
@@ -131,6 +131,8 @@ class _Writer:
             self._mapping(value, depth, out)
         elif isinstance(value, list | tuple):
             self._list(value, depth, out)
+        elif isinstance(value, Sequence) and not isinstance(value, str | bytes):  # a PackedList, an array
+            self._list(list(value), depth, out)
         elif isinstance(value, float):
             out.append(self._float(value))
         else:
