@@ -26,13 +26,14 @@ import numpy as np
 
 from overlapcheck import __version__
 from overlapcheck.analysis.activities import activities_of
-from overlapcheck.analysis.bandwidth import job_bandwidth, with_bandwidth, with_topology
+from overlapcheck.analysis.bandwidth import with_bandwidth, with_topology
 from overlapcheck.analysis.crossrank import job_notes, summarize
 from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.analysis.modules import ModuleIndex, merge_modules, module_comm
 from overlapcheck.analysis.select import restrict_to_steps
 from overlapcheck.analysis.timeline import timeline_of
 from overlapcheck.diagnose import accounting_notes, diagnose_rank, diagnose_rank_located, merge_findings
+from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
 from overlapcheck.executors import Outcome, executor
@@ -526,7 +527,8 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
     check_one_job(results, inputs.run)
     results.sort(key=lambda r: r.metrics.rank if r.metrics.rank is not None else -1)
     results = with_topology(results, job)  # where the ranks are: intra- or inter-node collectives, their peaks
-    findings, share = merge_findings(results, job) if options.diagnose else ([], None)
+    facts = JobFacts(results, job)  # the job-wide facts the cross-rank rules and the report share
+    findings, share = merge_findings(facts) if options.diagnose else ([], None)
     if options.timelines and findings:
         results = [_link_blames(r, findings) for r in results]
     ranks = [r.metrics for r in results]
@@ -544,7 +546,7 @@ def build_report(outcomes: list[Outcome], inputs: Inputs, job: JobContext, optio
         timelines={
             r.metrics.rank: r.timeline for r in results if r.timeline is not None and r.metrics.rank is not None
         },
-        bandwidth=job_bandwidth(results, job),
+        bandwidth=facts.bandwidth,
         notes=[
             *job.notes,
             *_host_notes(ranks, job.hosts),

@@ -359,3 +359,20 @@ def test_gradient_quantization_and_hpz_only_across_nodes() -> None:
     two_nodes = zero_pp_settings(_job_bw("inter-node", 7.0, None), JobContext(gpus_per_node=4))
     assert two_nodes["zero_optimization.zero_quantized_gradients"] is True
     assert two_nodes["zero_optimization.zero_hpz_partition_size"] == 4
+
+
+def test_the_job_bandwidth_is_computed_once_for_the_rule_and_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bandwidth-bound rule judges the BANDWIDTH object the report shows: one computation (diagnose/facts/job.py)."""
+    from overlapcheck.analysis import bandwidth
+    from overlapcheck.diagnose.facts import job as job_facts
+
+    calls: list[int] = []
+
+    def counted(results: list, job: JobContext | None = None) -> JobBandwidth | None:
+        calls.append(len(results))
+        return bandwidth.job_bandwidth(results, job)
+
+    monkeypatch.setattr(job_facts, "job_bandwidth", counted)
+    report = analyze(SAMPLES / "degraded-network", jobs=1)
+    assert calls == [len(report.ranks)] and report.bandwidth is not None
+    assert _bandwidth_bound(report)  # the rule read it

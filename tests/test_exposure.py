@@ -13,6 +13,7 @@ from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.diagnose import _explained, _less_cross_explained, merge_findings
 from overlapcheck.diagnose.facts.coverage import coverage
+from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import finding
 from overlapcheck.job import JobContext
@@ -116,7 +117,7 @@ def test_no_unexplained_finding_when_the_rest_is_inherent(tmp_path: Path) -> Non
 
 def test_cross_rank_findings_explain_the_rest_of_each_rank(tmp_path: Path) -> None:
     results = [analyze_trace(str(ddp_trace(tmp_path, rank=r, world_size=2)), JobContext()) for r in (0, 1)]
-    findings, share = merge_findings(results, JobContext())
+    findings, share = merge_findings(JobFacts(results, JobContext()))
     assert [f.rule for f in findings] == ["unexplained-exposure"]
     assert share == 0.0
     # a cross-rank finding that explains 600 µs on each rank: 400 µs stay unexplained (13 % of the 3000 µs step,

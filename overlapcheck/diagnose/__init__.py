@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.coverage import coverage
+from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.facts.signature import collective_signature, per_collective
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.registry import BY_ID, INHERENT_MIN_US, LIMITS, RULES
@@ -116,12 +117,13 @@ def _with_severity(f: Finding, step_us: float) -> Finding:
     return dataclasses.replace(f, severity=severity_of(f.cost_us, step_us, BY_ID[f.rule]))
 
 
-def merge_findings(results: Sequence[RankResult], job: JobContext) -> tuple[list[Finding], float | None]:
+def merge_findings(facts: JobFacts) -> tuple[list[Finding], float | None]:
     """Merge per-rank findings across ranks, add cross-rank findings, rank them by cost.
 
-    `results` in rank order. Returns the findings and the share of exposed communication they explain."""
+    `facts.results` in rank order. Returns the findings and the share of exposed communication they explain."""
+    results, job = facts.results, facts.job
     crossed = _claimed_among(
-        [f for rule in RULES if rule.cross is not None for f in rule.cross(results, job)], _step_us(results)
+        [f for rule in RULES if rule.cross is not None for f in rule.cross(facts)], _step_us(results)
     )
     across = _cross_covers([f for f in crossed if not BY_ID[f.rule].from_inherent])
     groups: dict[tuple[str, tuple[object, ...]], list[Finding]] = {}

@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from overlapcheck.diagnose.facts.coverage import Coverage
     from overlapcheck.diagnose.facts.hostsyncs import Origin
+    from overlapcheck.diagnose.facts.job import JobFacts
     from overlapcheck.diagnose.facts.view import RankFacts
-    from overlapcheck.job import JobContext
-    from overlapcheck.model import Blame, Finding, RankResult
+    from overlapcheck.model import Blame, Finding
 
 RankRule = Callable[["RankFacts"], "list[Finding]"]
-CrossRule = Callable[["Sequence[RankResult]", "JobContext"], "list[Finding]"]
+CrossRule = Callable[["JobFacts"], "list[Finding]"]
 ResidualRule = Callable[["RankFacts", "Coverage"], "list[Finding]"]
 Locator = Callable[["RankFacts", "list[tuple[Rule, Finding]]"], "list[Blame]"]
 

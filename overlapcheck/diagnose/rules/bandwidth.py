@@ -12,16 +12,16 @@ compute per byte (ZeRO++, a larger micro-batch, the communication dtype); when t
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from typing import Any
 
-from overlapcheck.analysis.bandwidth import INTER, INTRA, job_bandwidth
+from overlapcheck.analysis.bandwidth import INTER, INTRA
+from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.finding import config_value, finding, make_fix
 from overlapcheck.diagnose.rule import Rule
 from overlapcheck.diagnose.rules.dtypes import FP32_COMMUNICATION
 from overlapcheck.diagnose.rules.reduction import GRADIENT_ALLREDUCE
 from overlapcheck.job import JobContext
-from overlapcheck.model import Finding, JobBandwidth, RankResult
+from overlapcheck.model import Finding, JobBandwidth
 
 FLOOR_SHARE = 0.5  # the floor dominates: more than half of the exposed communication (the schedule the rest)
 MIN_STEP_SHARE = 0.03  # and costs at least this share of the step
@@ -33,11 +33,12 @@ ASSUMED_INTER_GBPS = 12.5
 TRANSPORT_VARIABLES = ("NCCL_IB_DISABLE", "NCCL_NET", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_P2P_LEVEL")
 
 
-def bandwidth_bound(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
+def bandwidth_bound(facts: JobFacts) -> list[Finding]:
     """One job-wide finding when the bandwidth floor dominates the exposed communication."""
+    results, job = facts.results, facts.job
     if len(results) < 2:
         return []  # the transfer time needs the other ranks (a per-rank summary judges one rank only)
-    bw = job_bandwidth(results, job)
+    bw = facts.bandwidth
     if bw is None or not bw.hideability:
         return []
     exposed = bw.floor_us + bw.schedulable_us

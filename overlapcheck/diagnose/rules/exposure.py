@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,12 +16,12 @@ import numpy as np
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.analysis.activities import PHASES, phase_of, phase_windows
 from overlapcheck.diagnose.facts.coverage import FAR_SLOWER, Coverage
+from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.facts.view import RankFacts
 from overlapcheck.diagnose.finding import finding
 from overlapcheck.diagnose.locators import exposed_blames
 from overlapcheck.diagnose.rule import WARNING_SHARE, Rule
-from overlapcheck.job import JobContext
-from overlapcheck.model import Finding, RankResult
+from overlapcheck.model import Finding
 from overlapcheck.trace import classify as C
 
 TOP_LOCATIONS = 5
@@ -124,12 +123,13 @@ UNEXPLAINED = Rule(
 )
 
 
-def peer_waiting(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
+def peer_waiting(facts: JobFacts) -> list[Finding]:
     """Waiting for peers inside the collectives each rank counted inherent (a step's first all-gather, its last
     gradient bucket): a collective's kernels end together on every rank, so its shortest duration across ranks
     is the transfer, and what a rank's kernel lasts beyond that is waiting for a peer that arrived later. Only the
     transfer is inherent; the rest is someone's (a straggler, a slow node), whoever it is. Collectives are
     matched by key (process group, kind, order) on every rank, with the same size where the sizes are known."""
+    results = facts.results
     sigs = {
         r.metrics.rank: r.signature
         for r in results

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.finding import finding
 from overlapcheck.diagnose.rule import Rule
-from overlapcheck.job import JobContext
 from overlapcheck.model import CollectiveSignature, Finding, RankMetrics, RankResult
 
 LATEST_SHARE = 0.5  # the straggler arrives last at collectives that carry at least this share of a kind's spread
@@ -45,7 +45,7 @@ class _Kind:
     inside: np.ndarray  # ran inside a profiled step (only those count as waiting)
 
 
-def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
+def straggler(facts: JobFacts) -> list[Finding]:
     """The rank the others wait for, found per collective kind by waiting time (docs/rules.md, Stragglers).
 
     For each collective, a rank's wait is its kernel duration minus the shortest duration of that collective
@@ -55,6 +55,7 @@ def straggler(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     that tell. Across kinds, the rank the others wait for longest. Its cost is the compute it needs per step
     beyond the median rank when that is what makes it late (its GPU is slow), else the median over the other
     ranks of the exposed time per step they wait for it (its host is late, or the cause is not in its trace)."""
+    results = facts.results
     sigs = {r.metrics.rank: r.signature for r in results if r.signature is not None and r.metrics.rank is not None}
     if len(sigs) < 2 or _partial(results):
         return []
@@ -424,7 +425,7 @@ def _waiting_for_group(k: _Kind, steps: np.ndarray, cols: list[int], exposed: bo
     return np.asarray((wait * k.exposed if exposed else wait).sum(axis=0) / steps)
 
 
-def slow_node(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
+def slow_node(facts: JobFacts) -> list[Finding]:
     """Several ranks arrive late together, e.g. every GPU of a throttled node: the last arrival rotates among
     them, so no single rank carries the collectives' spread (`straggler` needs one), while the other ranks wait
     for the group inside their NCCL kernels. Found by `_slow_group`; named by host (the run manifest's `ranks`,
@@ -432,6 +433,7 @@ def slow_node(results: Sequence[RankResult], job: JobContext) -> list[Finding]:
     longer or starting later (a slow network path: its transfers are slow, its compute is not) is not a slow
     node. Its cost is what healing it saves (see `_slow_group`); the other ranks' waiting for it is its, not
     peer-wait's or a stream wait's."""
+    results, job = facts.results, facts.job
     group = _slow_group(results)
     if group is None:
         return []
