@@ -13,6 +13,7 @@ on every rank, are held once per job too. docs/scale.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from array import array
 from typing import Any
 
@@ -30,7 +31,7 @@ from overlapcheck.model import (
     Split,
     StepMetrics,
 )
-from overlapcheck.packed import PackedList, Packer
+from overlapcheck.packed import PackedList, pack
 
 # the signature's lists of numbers held as arrays: (field, array type code, the type every item must have)
 _SIGNATURE_NUMBERS = (
@@ -44,6 +45,15 @@ _SIGNATURE_NUMBERS = (
 )
 
 
+def with_packed_steps(result: RankResult) -> RankResult:
+    """`result` with its steps as columns (overlapcheck/packed.py): what a worker sends back (its pickle a few KB,
+    not one object per step, phase and collective kind), so that it arrives packed."""
+    steps = pack(result.metrics.steps)
+    if steps is result.metrics.steps:
+        return result
+    return dataclasses.replace(result, metrics=dataclasses.replace(result.metrics, steps=steps))
+
+
 class Compactor:
     """Shares the empty Splits and Copies of every rank it is given (one instance per analysis). It changes the
     results in place: they have just arrived (unpickled, or returned by the analysis in this process) and
@@ -55,12 +65,11 @@ class Compactor:
         self._keys: dict[ModuleKey, ModuleKey] = {}  # each distinct module row key once per job
         self._notes: dict[str, str] = {}
         self._sig_keys: dict[str, str] = {}  # each distinct collective key (`group|kind|n-th`) once per job
-        self._packer = Packer()  # each distinct step shape once per job
 
     def result(self, result: RankResult) -> RankResult:
         m = result.metrics
         self._holder(m)
-        steps = self._packer.pack(m.steps)
+        steps = pack(m.steps)  # packed by the worker already, unless it ran in this process
         if isinstance(steps, PackedList):
             object.__setattr__(m, "steps", steps)  # frozen: see above
         else:  # a step holds what the packer does not rebuild: its empty parts shared, as the rank's

@@ -32,6 +32,7 @@ from overlapcheck.analysis.metrics import analyze_model
 from overlapcheck.analysis.modules import ModuleIndex, merge_modules, module_comm
 from overlapcheck.analysis.select import restrict_to_steps
 from overlapcheck.analysis.timeline import timeline_of
+from overlapcheck.compact import with_packed_steps
 from overlapcheck.diagnose import accounting_notes, diagnose_rank, diagnose_rank_located, merge_findings
 from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.locate import finding_key
@@ -378,7 +379,7 @@ def _worker(
         result = analyze_trace(path, job, options, progress, workers)
         if options.ranks is not None and result.metrics.rank not in options.ranks:
             return path, [], None  # a file whose name does not say its rank: read, and it was another rank's
-        return path, [result], None
+        return path, [with_packed_steps(result)], None
     except UserError as exc:
         return path, [], str(exc)
     except MemoryError:
