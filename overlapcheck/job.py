@@ -131,7 +131,8 @@ class JobContext:
             )
         if config is not None:
             config = {k: v for k, v in config.items() if k not in (SIMULATOR_JOB_KEY, SIMULATOR_MODEL_KEY)}
-            config, notes = sanitize_config(config, resolved if resolved is not config else None)
+            config, config_notes = sanitize_config(config, resolved if resolved is not config else None)
+            notes += config_notes
         params, source = _parameters(sim_model), "config"
         if params is None:
             params, source = _parameters(_dict(model)), "model.json"

@@ -733,7 +733,7 @@ def test_auto_takes_the_value_the_engine_resolved_in_run_json(tmp_path: Path) ->
     auto = json.loads(json.dumps(resolved))
     auto["zero_optimization"]["reduce_bucket_size"] = "auto"
     auto["zero_optimization"]["stage3_prefetch_bucket_size"] = "auto"
-    (folder / "run.json").write_text(json.dumps({"ds_config": resolved}))
+    (folder / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "ds_config": resolved}))
     report = overlapcheck.analyze(folder, ds_config=auto, jobs=1)
     expected = overlapcheck.analyze(folder, ds_config=resolved, jobs=1)
     assert report.findings == expected.findings
@@ -1394,3 +1394,13 @@ def test_api_an_unknown_renderer_is_a_user_error(name: Any) -> None:
 
     with pytest.raises(UserError, match="unknown renderer"):  # was: KeyError
         renderer(name)
+
+
+# ---- round 4: a fresh hostile round --------------------------------------------------------------------------
+
+
+def test_a_run_json_of_another_schema_is_noted_beside_a_ds_config(tmp_path: Path) -> None:
+    folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
+    (folder / "run.json").write_text(json.dumps({"schema": "someone-else/9"}))
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert any("someone-else/9" in n for n in report.notes or []), report.notes  # sanitize_config's notes replaced it
