@@ -36,7 +36,7 @@ from overlapcheck.diagnose import accounting_notes, diagnose_rank, diagnose_rank
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
 from overlapcheck.executors import Outcome, executor
-from overlapcheck.fsutil import file_size, read_json_file
+from overlapcheck.fsutil import file_size, not_a_file, read_json_file
 from overlapcheck.job import JobContext, Network
 from overlapcheck.model import (
     Blame,
@@ -81,6 +81,7 @@ class Inputs:
     model: dict[str, Any] | None = None  # model.json beside the traces
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each file to read
     documents: list[str] = field(default_factory=list)  # the paths of run.json, ds_config.json, model.json read
+    notes: list[str] = field(default_factory=list)  # documents found and not read (a FIFO named ds_config.json)
 
     @property
     def total_bytes(self) -> int:
@@ -222,7 +223,9 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
     for name in names:
         attr = DOCUMENTS[name]
         path = os.path.join(folder, name)
-        if getattr(found, attr) is None and os.path.isfile(path):
+        if getattr(found, attr) is None and (why := not_a_file(path)) is not None:
+            found.notes.append(f"{path} is {why}, not {WHAT[name]}: not read (the job is analyzed without it)")
+        elif getattr(found, attr) is None and os.path.isfile(path):
             doc = read_json_file(path, WHAT[name])
             if attr in ("ds_config", "run") and not isinstance(doc, dict):
                 raise UserError(f"{WHAT[name]} must be a JSON object", path)
@@ -241,7 +244,8 @@ def read_ds_config(path: str) -> dict[str, Any]:
 def job_context(inputs: Inputs, ds_config: dict[str, Any] | None = None, network: Network | None = None) -> JobContext:
     """The job context: `ds_config` (given by the user) wins over the one found beside the traces; `network` is
     `--network`."""
-    return JobContext.build(ds_config if ds_config is not None else inputs.ds_config, inputs.run, inputs.model, network)
+    config = ds_config if ds_config is not None else inputs.ds_config
+    return JobContext.build(config, inputs.run, inputs.model, network, found=inputs.notes)
 
 
 # -- one rank --------------------------------------------------------------------------------------------------

@@ -1399,6 +1399,50 @@ def test_api_an_unknown_renderer_is_a_user_error(name: Any) -> None:
 # ---- round 4: a fresh hostile round --------------------------------------------------------------------------
 
 
+def _config_not_a_file(folder: Path, kind: str) -> None:
+    path = folder / "ds_config.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "broken-link":
+        path.symlink_to(folder / "nowhere.json")
+    else:
+        path.symlink_to(path)  # a link loop
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [("fifo", "is a FIFO"), ("folder", "is a directory"), ("broken-link", "broken symbolic link"), ("loop", "loop")],
+)
+def test_a_ds_config_json_that_is_no_file_is_a_note_never_a_hang_or_silence(
+    tmp_path: Path, kind: str, said: str
+) -> None:
+    folder = job_folder(tmp_path / "job")
+    _config_not_a_file(folder, kind)
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json")
+    assert code == 0, stderr
+    notes = [n for n in json.loads(stdout)["notes"] or [] if "ds_config.json" in n]
+    assert len(notes) == 1 and said in notes[0] and "not read" in notes[0], notes
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert any(said in n and "ds_config.json" in n for n in report.notes or []), report.notes
+
+
+def test_an_unreadable_ds_config_json_is_one_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
+    real_open = os.open
+
+    def no_access(path: Any, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path).endswith("ds_config.json"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_access)  # as root, chmod 000 reads on: the refusal is what is tested
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1")
+    assert code == 2 and "ds_config.json" in stderr and "Permission denied" in stderr and stdout == "", stderr
+
+
 def test_a_run_json_of_another_schema_is_noted_beside_a_ds_config(tmp_path: Path) -> None:
     folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
     (folder / "run.json").write_text(json.dumps({"schema": "someone-else/9"}))
