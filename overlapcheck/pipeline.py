@@ -49,7 +49,7 @@ from overlapcheck.model import (
     ReportFormatError,
     Tool,
 )
-from overlapcheck.selection import MAX_NUMBER, Numbers
+from overlapcheck.selection import API, CLI, MAX_NUMBER, Caller, Numbers
 from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name
 
@@ -111,6 +111,7 @@ class Options:
     ranks: Set[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
     prefer_traces: bool = False  # read a rank's trace rather than its summary when both are there
     rank_from: str | None = None  # --rank-from REGEX: each trace's rank is the number it matches in the file's path
+    caller: Caller = CLI  # how errors name the selection: the CLI's options or the API's parameters
 
 
 def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
@@ -273,7 +274,7 @@ def analyze_trace(
     index = ModuleIndex.of(model, acts) if options.diagnose else None
     del acts
     if options.rank_from is not None:
-        rank = rank_by_pattern(path, options.rank_from)
+        rank = rank_by_pattern(path, options.rank_from, options.caller)
         if rank != metrics.rank:
             said = f"distributedInfo.rank {metrics.rank}" if metrics.rank is not None else "no rank"
             note = f"rank {rank} from the file's path (--rank-from); the trace says {said}"
@@ -339,26 +340,26 @@ def _precision_notes(model: TraceModel, path: str) -> list[str]:
     ]
 
 
-def compile_rank_pattern(pattern: str) -> re.Pattern[str]:
+def compile_rank_pattern(pattern: str, caller: Caller = CLI) -> re.Pattern[str]:
     """The regex of --rank-from: its first group (else the whole match) must be the rank's digits. An empty one
-    matches nothing but '' in every path: refused once, not once per file."""
+    matches nothing but '' in every path: refused once, not once per file. Errors name it as `caller` wrote it."""
     if not pattern:
-        raise UserError("--rank-from '' is empty: give a regular expression whose first group is the rank")
+        raise UserError(f"{caller.pattern('')} is empty: give a regular expression whose first group is the rank")
     try:
         return re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
-        raise UserError(f"--rank-from {pattern[:60]!r} is not a regular expression ({exc})") from None
+        raise UserError(f"{caller.pattern(pattern[:60])} is not a regular expression ({exc})") from None
 
 
-def rank_by_pattern(path: str, pattern: str) -> int:
+def rank_by_pattern(path: str, pattern: str, caller: Caller = CLI) -> int:
     """The rank --rank-from reads in `path` (searched in the file name, then in the whole path)."""
-    regex = compile_rank_pattern(pattern)
+    regex = compile_rank_pattern(pattern, caller)
     m = regex.search(os.path.basename(path)) or regex.search(path)
     if m is None:
-        raise UserError(f"--rank-from {pattern!r} does not match this file's path", path)
+        raise UserError(f"{caller.pattern(pattern)} does not match this file's path", path)
     text = (m.group(1) if regex.groups else m.group(0)) or ""  # an optional group may match nothing
     if not (text and text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_RANK):
-        raise UserError(f"--rank-from {pattern!r} matches {text[:40]!r}, not a rank number", path)
+        raise UserError(f"{caller.pattern(pattern)} matches {text[:40]!r}, not a rank number", path)
     return int(text)
 
 
@@ -430,11 +431,11 @@ def analyze_inputs(
     options = options or Options()
     everything = inputs
     if options.rank_from is not None:
-        compile_rank_pattern(options.rank_from)  # a bad pattern is one error, not one per file
-    inputs = select_ranks(inputs, options.ranks, options.rank_from)
+        compile_rank_pattern(options.rank_from, options.caller)  # a bad pattern is one error, not one per file
+    inputs = select_ranks(inputs, options.ranks, options.rank_from, options.caller)
     if options.ranks is not None and not inputs.count:
         raise UserError(
-            f"--ranks {format_numbers(options.ranks)} selects none of the inputs: {_ranks_held(everything)}"
+            f"{options.caller.numbers('ranks', options.ranks)} selects none of the inputs: {_ranks_held(everything)}"
         )
     outcomes: list[Outcome] = []
     advance = on_bytes or (lambda n: None)
@@ -444,7 +445,7 @@ def analyze_inputs(
         summaries = [s for s in summaries if s.trace is None]
     if options.steps is not None and summaries and not inputs.traces:
         raise UserError(
-            f"--steps {format_numbers(options.steps, ':')} needs the ranks' traces, and these inputs hold only "
+            f"{options.caller.numbers('steps', options.steps)} needs the ranks' traces, and these inputs hold only "
             f"per-rank summaries ({len(summaries)}), which cover every step: analyze a run whose traces were kept"
         )
     for summary in summaries:
@@ -464,12 +465,13 @@ def analyze_inputs(
     report = build_report(outcomes, inputs, job, options)
     if options.ranks is not None and not report.ranks and not report.errors:
         raise UserError(
-            f"--ranks {format_numbers(options.ranks)} selects no rank of the traces read: {_ranks_held(everything)}"
+            f"{options.caller.numbers('ranks', options.ranks)} selects no rank of the traces read: "
+            + _ranks_held(everything)
         )
     if options.steps is not None and report.ranks and not any(r.steps for r in report.ranks):
         held = sorted({n for _, results, _ in outcomes for r in results for n in r.trace_steps})
         there = f"the traces hold steps {format_numbers(set(held))}" if held else "the traces have no ProfilerStep"
-        raise UserError(f"--steps {format_numbers(options.steps, ':')} selects no step of any rank: {there}")
+        raise UserError(f"{options.caller.numbers('steps', options.steps)} selects no step of any rank: {there}")
     return report
 
 
@@ -490,7 +492,7 @@ def _ranks_held(inputs: Inputs) -> str:
     return held + (f" ({unnamed} file(s) whose name states none)" if unnamed and named else "")
 
 
-def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None = None) -> Inputs:
+def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None = None, caller: Caller = CLI) -> Inputs:
     """`inputs` less the files of ranks not in `ranks`: by the rank in the file name (a trace whose name states
     none is read, then kept only if its distributedInfo rank is selected), or the one `rank_from` reads there."""
     if ranks is None:
@@ -498,7 +500,7 @@ def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None =
 
     def wanted(path: str) -> bool:
         try:
-            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from)
+            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from, caller)
         except UserError:
             return True  # reading it reports the problem
         return rank is None or rank in ranks
@@ -702,6 +704,7 @@ def analyze(
         steps=_api_numbers(steps, "steps"),
         ranks=_api_numbers(ranks, "ranks"),
         rank_from=rank_from,
+        caller=API,
     )
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs, scheduler=scheduler)
 

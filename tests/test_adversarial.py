@@ -1448,3 +1448,33 @@ def test_a_run_json_of_another_schema_is_noted_beside_a_ds_config(tmp_path: Path
     (folder / "run.json").write_text(json.dumps({"schema": "someone-else/9"}))
     report = overlapcheck.analyze(folder, jobs=1)
     assert any("someone-else/9" in n for n in report.notes or []), report.notes  # sanitize_config's notes replaced it
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "api_said", "cli_args", "cli_said"),
+    [
+        ({"ranks": []}, "ranks=[] selects none of the inputs", None, None),
+        ({"steps": []}, "steps=[] selects no step", None, None),
+        ({"ranks": [99]}, "ranks=[99] selects none", ["--ranks", "99"], "--ranks 99 selects none"),
+        ({"steps": [9, 10]}, "steps=[9, 10] selects no step", ["--steps", "9,10"], "--steps 9:10 selects no step"),
+        ({"ranks": range(100, 10**6)}, "ranks=[100, 101,", ["--ranks", "100-999999"], "--ranks 100-999999 selects"),
+        ({"rank_from": ""}, "rank_from='' is empty", ["--rank-from", ""], "--rank-from '' is empty"),
+        ({"rank_from": "("}, "rank_from='(' is not a regular", ["--rank-from", "("], "--rank-from '(' is not a"),
+    ],
+)
+def test_a_selection_error_names_it_as_its_caller_wrote_it(
+    tmp_path: Path, kwargs: dict, api_said: str, cli_args: list[str] | None, cli_said: str | None
+) -> None:
+    folder = job_folder(tmp_path / "job")
+    with pytest.raises(UserError) as caught:
+        overlapcheck.analyze(folder, jobs=1, **kwargs)
+    assert api_said in str(caught.value) and "--" not in str(caught.value), caught.value  # was: "--ranks  selects"
+    if cli_args is not None:
+        code, stdout, stderr = cli("analyze", str(folder), "-j", "1", *cli_args)
+        assert code == 2 and cli_said in stderr and stdout == "", stderr
+
+
+def test_a_rank_from_that_matches_no_path_names_the_api_parameter(tmp_path: Path) -> None:
+    report = overlapcheck.analyze(job_folder(tmp_path / "job"), jobs=1, rank_from="gpu(\\d+)")
+    assert not report.ranks and len(report.errors) == 2
+    assert all("rank_from='gpu(\\\\d+)' does not match" in e.error for e in report.errors), report.errors
