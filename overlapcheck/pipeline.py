@@ -435,7 +435,8 @@ def analyze_inputs(
     inputs = select_ranks(inputs, options.ranks, options.rank_from, options.caller)
     if options.ranks is not None and not inputs.count:
         raise UserError(
-            f"{options.caller.numbers('ranks', options.ranks)} selects none of the inputs: {_ranks_held(everything)}"
+            f"{options.caller.numbers('ranks', options.ranks)} selects none of the inputs: "
+            + _ranks_held(everything, options.rank_from)
         )
     outcomes: list[Outcome] = []
     advance = on_bytes or (lambda n: None)
@@ -466,7 +467,7 @@ def analyze_inputs(
     if options.ranks is not None and not report.ranks and not report.errors:
         raise UserError(
             f"{options.caller.numbers('ranks', options.ranks)} selects no rank of the traces read: "
-            + _ranks_held(everything)
+            + _ranks_held(everything, options.rank_from)
         )
     if options.steps is not None and report.ranks and not any(r.steps for r in report.ranks):
         held = sorted({n for _, results, _ in outcomes for r in results for n in r.trace_steps})
@@ -475,13 +476,14 @@ def analyze_inputs(
     return report
 
 
-def _ranks_held(inputs: Inputs) -> str:
-    """'the inputs hold ranks 0-7' from the file names (what a --ranks error lists)."""
+def _ranks_held(inputs: Inputs, rank_from: str | None = None) -> str:
+    """'the inputs hold ranks 0-7' from the file names, as --rank-from reads them when given (what a --ranks
+    error lists)."""
     named: set[int] = set()
     unnamed = 0
     for path in inputs.traces + [s.path for s in inputs.summaries]:
         try:
-            rank = rank_from_name(path)
+            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from)
         except UserError:
             rank = None
         if rank is None:

@@ -1478,3 +1478,13 @@ def test_a_rank_from_that_matches_no_path_names_the_api_parameter(tmp_path: Path
     report = overlapcheck.analyze(job_folder(tmp_path / "job"), jobs=1, rank_from="gpu(\\d+)")
     assert not report.ranks and len(report.errors) == 2
     assert all("rank_from='gpu(\\\\d+)' does not match" in e.error for e in report.errors), report.errors
+
+
+def test_a_rank_selection_with_rank_from_lists_the_ranks_the_pattern_reads(tmp_path: Path) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in range(2):
+        (folder / f"gpu{r}-x.json").write_bytes(doc_bytes(rank=r, world=2))
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"gpu(\d+)", "--ranks", "5")
+    assert code == 2 and "--ranks 5 selects none of the inputs: the inputs hold rank(s) 0-1" in stderr, stderr
+    # was: "... no file name states a rank", though --rank-from reads 0 and 1 in them
