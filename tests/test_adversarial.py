@@ -1488,3 +1488,22 @@ def test_a_rank_selection_with_rank_from_lists_the_ranks_the_pattern_reads(tmp_p
     code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"gpu(\d+)", "--ranks", "5")
     assert code == 2 and "--ranks 5 selects none of the inputs: the inputs hold rank(s) 0-1" in stderr, stderr
     # was: "... no file name states a rank", though --rank-from reads 0 and 1 in them
+
+
+@pytest.mark.parametrize("command", ["gate", "compare", "baseline"])
+def test_a_report_with_an_integer_beyond_a_float_is_malformed_not_a_traceback(tmp_path: Path, command: str) -> None:
+    report = tmp_path / "report.json"
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o",
+                          str(report))  # fmt: skip
+    assert code == 0, stderr
+    doc = json.loads(report.read_text())
+    doc["ranks"][0]["span_us"] = 0  # then written as a 400-digit integer: valid JSON, beyond any float
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(doc).replace('"span_us": 0', '"span_us": ' + "9" * 400, 1))
+    args = {
+        "gate": ["gate", str(edited), "--min-overlap", "all=0.5"],
+        "compare": ["compare", str(edited), str(report)],
+        "baseline": ["gate", str(report), "--baseline", str(edited)],
+    }[command]
+    code, _, stderr = cli(*args)  # was: OverflowError (int too large to convert to float)
+    assert code == 2 and "ranks[0].span_us is not a finite number" in stderr, stderr
