@@ -1507,3 +1507,15 @@ def test_a_report_with_an_integer_beyond_a_float_is_malformed_not_a_traceback(tm
     }[command]
     code, _, stderr = cli(*args)  # was: OverflowError (int too large to convert to float)
     assert code == 2 and "ranks[0].span_us is not a finite number" in stderr, stderr
+
+
+def test_a_report_without_ranks_is_refused_as_a_baseline(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o",
+                          str(report))  # fmt: skip
+    doc = json.loads(report.read_text())
+    doc["ranks"] = []
+    report.write_text(json.dumps(doc))
+    code, stdout, stderr = cli("baseline", "save", str(report), str(tmp_path / "base.json"))
+    assert code == 2 and "no ranks" in stderr and stdout == "", stderr  # was: "saved baseline: 0 ranks", exit 0
+    assert not (tmp_path / "base.json").exists()
