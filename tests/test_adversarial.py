@@ -1519,3 +1519,34 @@ def test_a_report_without_ranks_is_refused_as_a_baseline(tmp_path: Path) -> None
     code, stdout, stderr = cli("baseline", "save", str(report), str(tmp_path / "base.json"))
     assert code == 2 and "no ranks" in stderr and stdout == "", stderr  # was: "saved baseline: 0 ranks", exit 0
     assert not (tmp_path / "base.json").exists()
+
+
+@pytest.mark.parametrize("run_json", [None, "{}", '{"schema": "someone-else/1"}', "fifo"])
+def test_run_force_never_empties_a_folder_that_is_no_earlier_run(tmp_path: Path, run_json: str | None) -> None:
+    # was: `run --out traces/ --force` deleted the folder's rank*.trace.json.gz, its traces/ and its summaries
+    folder = tmp_path / "real"
+    (folder / "traces").mkdir(parents=True)
+    (folder / "rank0.trace.json.gz").write_bytes(b"real trace")
+    (folder / "traces" / "rank1.pt.trace.json.gz").write_bytes(b"another")
+    (folder / "rank0.summary.json").write_text("{}")
+    if run_json == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("needs FIFOs")
+        os.mkfifo(folder / "run.json")
+    elif run_json is not None:
+        (folder / "run.json").write_text(run_json)
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    code, _, stderr = cli("run", "--out", str(folder), "--force", "--summary-timeout", "1", "--", "true")
+    assert code == 2 and "never replaced, even with --force" in stderr, stderr
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+    assert (folder / "rank0.trace.json.gz").read_bytes() == b"real trace"
+
+
+def test_run_force_replaces_an_earlier_run_and_keeps_a_trace_beside_it(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    args = ["run", "--out", str(folder), "--summary-timeout", "1", "--", "true"]
+    assert cli(*args)[0] == 0
+    (folder / "rank0.trace.json.gz").write_bytes(b"copied here by hand")  # run writes traces in traces/ only
+    code, _, stderr = cli(*args[:3], "--force", *args[3:])
+    assert code == 0, stderr
+    assert (folder / "rank0.trace.json.gz").read_bytes() == b"copied here by hand"
