@@ -1550,3 +1550,13 @@ def test_run_force_replaces_an_earlier_run_and_keeps_a_trace_beside_it(tmp_path:
     code, _, stderr = cli(*args[:3], "--force", *args[3:])
     assert code == 0, stderr
     assert (folder / "rank0.trace.json.gz").read_bytes() == b"copied here by hand"
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-1", "1e300"])
+def test_a_summary_timeout_that_never_ends_is_refused_before_the_job_runs(tmp_path: Path, seconds: str) -> None:
+    # was: accepted; a NaN deadline is never reached, so a stuck summary made the launcher wait forever
+    marker = tmp_path / "ran"
+    code, _, stderr = cli("run", "--out", str(tmp_path / "run"), "--summary-timeout", seconds, "--",
+                          "touch", str(marker))  # fmt: skip
+    assert code == 2 and "--summary-timeout" in stderr, stderr
+    assert not marker.exists() and not (tmp_path / "run").exists()
