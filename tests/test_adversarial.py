@@ -1560,3 +1560,17 @@ def test_a_summary_timeout_that_never_ends_is_refused_before_the_job_runs(tmp_pa
                           "touch", str(marker))  # fmt: skip
     assert code == 2 and "--summary-timeout" in stderr, stderr
     assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("shape", ["broken-link", "link-loop", "under-a-file"])
+def test_simulate_into_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path, shape: str) -> None:
+    out = tmp_path / "out"
+    if shape == "broken-link":
+        out.symlink_to(tmp_path / "nowhere")
+    elif shape == "link-loop":
+        out.symlink_to(out)
+    else:
+        (tmp_path / "afile").write_text("x")
+        out = tmp_path / "afile" / "sub"
+    code, _, stderr = cli("simulate", "--out", str(out), "--steps", "1", "--nodes", "1", "--gpus-per-node", "1")
+    assert code == 2 and str(out) in stderr and len(stderr.splitlines()) == 1, stderr  # was: FileExistsError

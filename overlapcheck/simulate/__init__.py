@@ -143,6 +143,17 @@ def _only_a_simulation(out: Path) -> None:
         )
 
 
+def _make_folder(out: Path) -> None:
+    """Create `out` (and its parents); UserError, one line, where it cannot be: a broken link or a link loop in
+    its place, a file among its parents, no permission."""
+    if out.is_symlink() and not out.exists():
+        raise UserError(f"{out} is a symbolic link to nothing (or a link loop): remove it or choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{out}: cannot create the output folder: {exc.strerror or exc}") from None
+
+
 def generate(
     scenario: str,
     out: Path,
@@ -164,7 +175,7 @@ def generate(
         raise UserError(f"{out} is not empty; pass --force to overwrite")
     if force and out.is_dir():
         _only_a_simulation(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _make_folder(out)
     if force:
         for old in out.glob("rank*.trace.json.gz"):
             old.unlink()
