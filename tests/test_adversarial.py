@@ -1574,3 +1574,21 @@ def test_simulate_into_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path, 
         out = tmp_path / "afile" / "sub"
     code, _, stderr = cli("simulate", "--out", str(out), "--steps", "1", "--nodes", "1", "--gpus-per-node", "1")
     assert code == 2 and str(out) in stderr and len(stderr.splitlines()) == 1, stderr  # was: FileExistsError
+
+
+@pytest.mark.parametrize("name", ["ds_config.json", "truth.json"])
+def test_simulate_force_never_writes_through_a_link_into_another_folder(tmp_path: Path, name: str) -> None:
+    small = ["--steps", "1", "--nodes", "1", "--gpus-per-node", "1"]
+    sim = tmp_path / "sim"
+    assert cli("simulate", "--out", str(sim), *small)[0] == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / name).write_bytes((sim / name).read_bytes())  # another job's file (a simulation's, for truth.json)
+    before = (other / name).read_bytes()
+    (sim / name).unlink()
+    (sim / name).symlink_to(other / name)
+    code, _, stderr = cli("simulate", "--out", str(sim), *small, "--seed", "7", "--scenario", "no-prefetch",
+                          "--force")  # fmt: skip
+    assert code == 0, stderr
+    assert (other / name).read_bytes() == before  # was: replaced through the link
+    assert not (sim / name).is_symlink() and json.loads((sim / name).read_text())

@@ -179,6 +179,9 @@ def generate(
     if force:
         for old in out.glob("rank*.trace.json.gz"):
             old.unlink()
+        for name in ("ds_config.json", "truth.json"):  # a link there is replaced, never the file it points to
+            if (out / name).is_symlink():
+                (out / name).unlink()
     say(f"simulating {cfg.world_size} ranks" + (", and the job without each effect (the costs)" if costs else ""))
     result, truth = truth_document(cfg, causes, costs, inherent_costs)
     for i, run in enumerate(result.ranks):
