@@ -1592,3 +1592,32 @@ def test_simulate_force_never_writes_through_a_link_into_another_folder(tmp_path
     assert code == 0, stderr
     assert (other / name).read_bytes() == before  # was: replaced through the link
     assert not (sim / name).is_symlink() and json.loads((sim / name).read_text())
+
+
+@pytest.mark.parametrize("command", ["analyze", "gate", "compare"])
+@pytest.mark.parametrize("columns", ["0", "5", "-5"])
+def test_a_columns_that_is_no_width_is_ignored_never_an_empty_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, columns: str
+) -> None:
+    folder = job_folder(tmp_path / "job")
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    monkeypatch.setenv("COLUMNS", columns)
+    args = {
+        "analyze": ["analyze", str(folder), "-j", "1"],
+        "gate": ["gate", str(report), "--min-overlap", "all=0.1"],
+        "compare": ["compare", str(report), str(report)],
+    }[command]
+    code, stdout, stderr = cli(*args)
+    assert code in (0, 1) and "overlap" in stdout and len(stdout) > 500, (stdout, stderr)  # was: nothing, exit 0
+
+
+def test_a_columns_of_a_billion_is_ignored_never_a_hang(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = job_folder(tmp_path / "job")
+    env = {**os.environ, "COLUMNS": "999999999", "PYTHONPATH": str(Path(overlapcheck.__file__).parent.parent)}
+    done = subprocess.run([sys.executable, "-m", "overlapcheck", "analyze", str(folder), "-j", "1"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "overlap" in done.stdout, done.stderr  # was: still rendering after 60 s

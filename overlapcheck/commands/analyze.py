@@ -269,8 +269,9 @@ def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None, schedu
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
     from overlapcheck.pipeline import analyze_inputs
+    from overlapcheck.report.terminal import console_environ
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, _environ=console_environ())
     if not console.is_terminal or inputs.count == 0:
         return analyze_inputs(inputs, job, options, jobs, scheduler=scheduler)
     columns = (
