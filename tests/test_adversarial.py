@@ -1621,3 +1621,52 @@ def test_a_columns_of_a_billion_is_ignored_never_a_hang(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "overlapcheck", "analyze", str(folder), "-j", "1"], env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0 and "overlap" in done.stdout, done.stderr  # was: still rendering after 60 s
+
+
+@pytest.mark.parametrize("victim", ["report", "baseline", "trace", "ds_config"])
+def test_the_step_summary_is_never_appended_to_an_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: str
+) -> None:
+    # was: GITHUB_STEP_SUMMARY naming the gated report appended Markdown to it (no longer JSON), and a trace's
+    # gzip got Markdown at its end
+    folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
+    report, base = tmp_path / "report.json", tmp_path / "base.json"
+    for out in (report, base):
+        assert cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(out))[0] == 0
+    (folder / "rank0.trace.json.gz").write_bytes(gzip.compress(doc_bytes(rank=0)))
+    target = {"report": report, "baseline": base, "trace": folder / "rank0.trace.json.gz",
+              "ds_config": folder / "ds_config.json"}[victim]  # fmt: skip
+    before = {p: p.read_bytes() for p in (report, base, *folder.iterdir()) if p.is_file()}
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+    code, _, stderr = cli("gate", str(report), "--baseline", str(base), "--min-overlap", "all=0.1")
+    assert code == 2 and "$GITHUB_STEP_SUMMARY" in stderr and str(target) in stderr, stderr
+    assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_step_summary_that_is_a_fifo_is_refused_never_a_hang(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    os.mkfifo(tmp_path / "fifo")
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(tmp_path / "fifo"),
+           "PYTHONPATH": str(Path(overlapcheck.__file__).parent.parent)}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "overlapcheck", "gate", str(report), "--min-overlap", "all=0.1"],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "is a FIFO" in done.stderr, done.stderr  # was: blocked in open() forever
+
+
+def test_the_step_summary_still_appends_to_its_file_and_dev_null_is_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    for target in (summary, Path(os.devnull)):
+        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+        code, _, stderr = cli("gate", str(report), "--min-overlap", "all=0.1")
+        assert code in (0, 1), stderr
+    assert summary.read_text().startswith("earlier step\n### ")
