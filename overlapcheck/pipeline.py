@@ -162,7 +162,8 @@ def _scan_folder(folder: str, found: Inputs) -> None:
             raise UserError(f"{other} and {n} both name rank {int(m.group(1))}: keep one", folder)
     _read_documents(folder, found)
     paths = [os.path.join(folder, n) for n in names]
-    if os.path.isfile(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
+    # a run folder (run.json, traces/): run.json even when it cannot be read (a FIFO: the note says it)
+    if os.path.lexists(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
         paths += [os.path.join(folder, TRACES_DIR, n) for n in _visible(os.path.join(folder, TRACES_DIR))]
     traces = [p for p in paths if _TRACE_FILE.search(p) and not _NOT_TRACES.search(os.path.basename(p))]
     own = [p for p in traces if _own_output(p)]
@@ -183,7 +184,24 @@ def _scan_folder(folder: str, found: Inputs) -> None:
         skipped = (
             f" (only overlapcheck's own outputs: {', '.join(os.path.basename(p) for p in own[:3])})" if own else ""
         )
-        raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}", folder)
+        raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}{_below(folder, names)}", folder)
+
+
+def _below(folder: str, names: list[str]) -> str:
+    """'; sub/ holds 2 trace files: give that folder' for the first few subfolders of `folder` that hold
+    traces (what a "no trace files" error lists), '' when none does. One level down, regular names only."""
+    held: list[str] = []
+    for n in names:
+        sub = os.path.join(folder, n)
+        if len(held) == 3 or not os.path.isdir(sub) or os.path.islink(sub):
+            continue
+        try:
+            count = sum(1 for m in _visible(sub) if _TRACE_FILE.search(m) and not _NOT_TRACES.search(m))
+        except OSError:
+            continue
+        if count:
+            held.append(f"{n}/ holds {count} trace file(s)")
+    return f"; {', '.join(held)}: give that folder" if held else ""
 
 
 # the first bytes of what overlapcheck writes as JSON: a report, a comparison, a Perfetto export (metadata first)

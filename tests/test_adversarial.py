@@ -1670,3 +1670,23 @@ def test_the_step_summary_still_appends_to_its_file_and_dev_null_is_nowhere(
         code, _, stderr = cli("gate", str(report), "--min-overlap", "all=0.1")
         assert code in (0, 1), stderr
     assert summary.read_text().startswith("earlier step\n### ")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_run_folder_whose_run_json_is_a_fifo_is_read_with_a_note(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    for r in range(2):
+        (run / "traces" / f"rank{r}.pt.trace.json").write_bytes(doc_bytes(rank=r, world=2))
+    os.mkfifo(run / "run.json")
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    assert code == 0, stderr  # was: "no trace files in this folder", the traces in traces/ unseen
+    doc = json.loads(stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert any("run.json is a FIFO" in n for n in doc["notes"]), doc["notes"]
+
+
+def test_no_trace_files_in_a_folder_lists_the_subfolders_that_hold_some(tmp_path: Path) -> None:
+    job_folder(tmp_path / "top" / "job")
+    code, _, stderr = cli("analyze", str(tmp_path / "top"), "-j", "1")
+    assert code == 2 and "job/ holds 2 trace file(s): give that folder" in stderr, stderr
