@@ -1690,3 +1690,12 @@ def test_no_trace_files_in_a_folder_lists_the_subfolders_that_hold_some(tmp_path
     job_folder(tmp_path / "top" / "job")
     code, _, stderr = cli("analyze", str(tmp_path / "top"), "-j", "1")
     assert code == 2 and "job/ holds 2 trace file(s): give that folder" in stderr, stderr
+
+
+@pytest.mark.parametrize("name", ["text", "json", "markdown", "html", "perfetto"])
+@pytest.mark.parametrize("document", [None, {"schema": "overlapcheck.report/1"}, "report.json"])
+def test_api_a_renderer_given_no_report_is_a_user_error(name: str, document: Any) -> None:
+    from overlapcheck.report import renderer
+
+    with pytest.raises(UserError, match="a renderer takes a Report"):  # was: AttributeError / TypeError inside
+        renderer(name).render(document)

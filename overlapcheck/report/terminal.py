@@ -13,6 +13,7 @@ from rich.text import Text
 
 from overlapcheck.model import ALL, Finding, Report
 from overlapcheck.report import present as P
+from overlapcheck.report.base import expect_report
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _LEVEL_STYLE = {"good": "green", "warn": "yellow", "bad": "red", "none": "blue"}
@@ -72,6 +73,7 @@ class TerminalRenderer:
         self.errors = errors  # False where the CLI prints each error on stderr already (never twice)
 
     def render(self, report: Report) -> str:
+        report = expect_report(report)
         console = Console(record=True, width=self.width, file=io.StringIO())
         console.print(*self.renderables(report))
         return console.export_text()
