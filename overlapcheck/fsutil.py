@@ -85,6 +85,18 @@ def open_input(path: str | os.PathLike[str], expected: str) -> BinaryIO:
         raise
 
 
+def not_a_file(path: str | os.PathLike[str]) -> str | None:
+    """What `path` is, in words, when it exists and is no regular file (a FIFO, a directory, a device, a broken
+    link or a link loop); None when it is one or does not exist. Never opens it (a FIFO would block)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "a broken symbolic link" if os.path.islink(path) else None
+    except (OSError, ValueError):
+        return "a symbolic link loop" if os.path.islink(path) else None  # reading it says what is wrong
+    return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+
+
 def file_size(path: str | os.PathLike[str]) -> int:
     """The size of a regular file, 0 for anything else or anything that cannot be stat'ed (a broken link, a
     file deleted meanwhile): for progress totals, which must never fail. The reader reports the real problem."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -408,9 +409,19 @@ def append_step_summary(markdown: str, env: dict[str, str] | None = None) -> str
     path = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
     if not path:
         return None
+    if os.path.realpath(path) == os.devnull:
+        return path
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+        fd = os.open(path, flags, 0o644)  # non-blocking: a FIFO there never blocks the gate (refused below)
     except OSError as exc:
         raise UserError(f"cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", path) from None
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError("cannot append to $GITHUB_STEP_SUMMARY: not a regular file", path)
+        try:
+            fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+            fh.flush()
+        except OSError as exc:
+            raise UserError(f"cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", path) from None
     return path

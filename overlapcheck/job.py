@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +114,10 @@ class JobContext:
         run: dict[str, Any] | None,
         model: dict[str, Any] | None = None,
         network: Network | None = None,
+        found: Sequence[str] = (),
     ) -> JobContext:
-        """The context from the documents as read (any may be None or of the wrong shape)."""
+        """The context from the documents as read (any may be None or of the wrong shape); `found`: notes on
+        the documents found and not read (pipeline.find_inputs), said first."""
         config = ds_config if isinstance(ds_config, dict) else None
         run = run if isinstance(run, dict) else None
         resolved = _dict((run or {}).get("ds_config"))  # the config as the engine resolved it (`overlapcheck run`)
@@ -122,7 +125,7 @@ class JobContext:
             config = resolved
         job = _dict((config or {}).get(SIMULATOR_JOB_KEY))
         sim_model = _dict((config or {}).get(SIMULATOR_MODEL_KEY))
-        notes: list[str] = []
+        notes: list[str] = list(found)
         if run is not None and run.get("schema") != RUN_SCHEMA:
             said = str(run.get("schema"))[:60]
             notes.append(
@@ -131,7 +134,8 @@ class JobContext:
             )
         if config is not None:
             config = {k: v for k, v in config.items() if k not in (SIMULATOR_JOB_KEY, SIMULATOR_MODEL_KEY)}
-            config, notes = sanitize_config(config, resolved if resolved is not config else None)
+            config, config_notes = sanitize_config(config, resolved if resolved is not config else None)
+            notes += config_notes
         params, source = _parameters(sim_model), "config"
         if params is None:
             params, source = _parameters(_dict(model)), "model.json"

@@ -632,7 +632,7 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
             raise _Shape(f"{path} is not an integer")
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
             raise _Shape(f"{path} is not a finite number")
         return value
     if tp is str:
@@ -640,3 +640,12 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
             raise _Shape(f"{path} is not a string")
         return value
     raise TypeError(f"no conversion for {tp!r}")  # a bug in this module, not bad input
+
+
+def _finite(value: int | float) -> bool:
+    """Whether a JSON number is a finite float: an integer beyond a float's range (a 400-digit literal, valid
+    JSON) is not one, and math.isfinite raises OverflowError on it."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

@@ -38,7 +38,7 @@ from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
 from overlapcheck.executors import Outcome, executor
-from overlapcheck.fsutil import file_size, read_json_file
+from overlapcheck.fsutil import file_size, not_a_file, read_json_file
 from overlapcheck.job import JobContext, Network
 from overlapcheck.model import (
     Blame,
@@ -51,7 +51,7 @@ from overlapcheck.model import (
     ReportFormatError,
     Tool,
 )
-from overlapcheck.selection import MAX_NUMBER, Numbers
+from overlapcheck.selection import API, CLI, MAX_NUMBER, Caller, Numbers
 from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name
 
@@ -83,6 +83,7 @@ class Inputs:
     model: dict[str, Any] | None = None  # model.json beside the traces
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each file to read
     documents: list[str] = field(default_factory=list)  # the paths of run.json, ds_config.json, model.json read
+    notes: list[str] = field(default_factory=list)  # documents found and not read (a FIFO named ds_config.json)
 
     @property
     def total_bytes(self) -> int:
@@ -112,6 +113,7 @@ class Options:
     ranks: Set[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
     prefer_traces: bool = False  # read a rank's trace rather than its summary when both are there
     rank_from: str | None = None  # --rank-from REGEX: each trace's rank is the number it matches in the file's path
+    caller: Caller = CLI  # how errors name the selection: the CLI's options or the API's parameters
 
 
 def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
@@ -162,7 +164,8 @@ def _scan_folder(folder: str, found: Inputs) -> None:
             raise UserError(f"{other} and {n} both name rank {int(m.group(1))}: keep one", folder)
     _read_documents(folder, found)
     paths = [os.path.join(folder, n) for n in names]
-    if os.path.isfile(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
+    # a run folder (run.json, traces/): run.json even when it cannot be read (a FIFO: the note says it)
+    if os.path.lexists(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
         paths += [os.path.join(folder, TRACES_DIR, n) for n in _visible(os.path.join(folder, TRACES_DIR))]
     traces = [p for p in paths if _TRACE_FILE.search(p) and not _NOT_TRACES.search(os.path.basename(p))]
     own = [p for p in traces if _own_output(p)]
@@ -183,7 +186,24 @@ def _scan_folder(folder: str, found: Inputs) -> None:
         skipped = (
             f" (only overlapcheck's own outputs: {', '.join(os.path.basename(p) for p in own[:3])})" if own else ""
         )
-        raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}", folder)
+        raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}{_below(folder, names)}", folder)
+
+
+def _below(folder: str, names: list[str]) -> str:
+    """'; sub/ holds 2 trace files: give that folder' for the first few subfolders of `folder` that hold
+    traces (what a "no trace files" error lists), '' when none does. One level down, regular names only."""
+    held: list[str] = []
+    for n in names:
+        sub = os.path.join(folder, n)
+        if len(held) == 3 or not os.path.isdir(sub) or os.path.islink(sub):
+            continue
+        try:
+            count = sum(1 for m in _visible(sub) if _TRACE_FILE.search(m) and not _NOT_TRACES.search(m))
+        except OSError:
+            continue
+        if count:
+            held.append(f"{n}/ holds {count} trace file(s)")
+    return f"; {', '.join(held)}: give that folder" if held else ""
 
 
 # the first bytes of what overlapcheck writes as JSON: a report, a comparison, a Perfetto export (metadata first)
@@ -224,7 +244,9 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
     for name in names:
         attr = DOCUMENTS[name]
         path = os.path.join(folder, name)
-        if getattr(found, attr) is None and os.path.isfile(path):
+        if getattr(found, attr) is None and (why := not_a_file(path)) is not None:
+            found.notes.append(f"{path} is {why}, not {WHAT[name]}: not read (the job is analyzed without it)")
+        elif getattr(found, attr) is None and os.path.isfile(path):
             doc = read_json_file(path, WHAT[name])
             if attr in ("ds_config", "run") and not isinstance(doc, dict):
                 raise UserError(f"{WHAT[name]} must be a JSON object", path)
@@ -243,7 +265,8 @@ def read_ds_config(path: str) -> dict[str, Any]:
 def job_context(inputs: Inputs, ds_config: dict[str, Any] | None = None, network: Network | None = None) -> JobContext:
     """The job context: `ds_config` (given by the user) wins over the one found beside the traces; `network` is
     `--network`."""
-    return JobContext.build(ds_config if ds_config is not None else inputs.ds_config, inputs.run, inputs.model, network)
+    config = ds_config if ds_config is not None else inputs.ds_config
+    return JobContext.build(config, inputs.run, inputs.model, network, found=inputs.notes)
 
 
 # -- one rank --------------------------------------------------------------------------------------------------
@@ -271,7 +294,7 @@ def analyze_trace(
     index = ModuleIndex.of(model, acts) if options.diagnose else None
     del acts
     if options.rank_from is not None:
-        rank = rank_by_pattern(path, options.rank_from)
+        rank = rank_by_pattern(path, options.rank_from, options.caller)
         if rank != metrics.rank:
             said = f"distributedInfo.rank {metrics.rank}" if metrics.rank is not None else "no rank"
             note = f"rank {rank} from the file's path (--rank-from); the trace says {said}"
@@ -337,26 +360,26 @@ def _precision_notes(model: TraceModel, path: str) -> list[str]:
     ]
 
 
-def compile_rank_pattern(pattern: str) -> re.Pattern[str]:
+def compile_rank_pattern(pattern: str, caller: Caller = CLI) -> re.Pattern[str]:
     """The regex of --rank-from: its first group (else the whole match) must be the rank's digits. An empty one
-    matches nothing but '' in every path: refused once, not once per file."""
+    matches nothing but '' in every path: refused once, not once per file. Errors name it as `caller` wrote it."""
     if not pattern:
-        raise UserError("--rank-from '' is empty: give a regular expression whose first group is the rank")
+        raise UserError(f"{caller.pattern('')} is empty: give a regular expression whose first group is the rank")
     try:
         return re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
-        raise UserError(f"--rank-from {pattern[:60]!r} is not a regular expression ({exc})") from None
+        raise UserError(f"{caller.pattern(pattern[:60])} is not a regular expression ({exc})") from None
 
 
-def rank_by_pattern(path: str, pattern: str) -> int:
+def rank_by_pattern(path: str, pattern: str, caller: Caller = CLI) -> int:
     """The rank --rank-from reads in `path` (searched in the file name, then in the whole path)."""
-    regex = compile_rank_pattern(pattern)
+    regex = compile_rank_pattern(pattern, caller)
     m = regex.search(os.path.basename(path)) or regex.search(path)
     if m is None:
-        raise UserError(f"--rank-from {pattern!r} does not match this file's path", path)
+        raise UserError(f"{caller.pattern(pattern)} does not match this file's path", path)
     text = (m.group(1) if regex.groups else m.group(0)) or ""  # an optional group may match nothing
     if not (text and text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_RANK):
-        raise UserError(f"--rank-from {pattern!r} matches {text[:40]!r}, not a rank number", path)
+        raise UserError(f"{caller.pattern(pattern)} matches {text[:40]!r}, not a rank number", path)
     return int(text)
 
 
@@ -428,11 +451,12 @@ def analyze_inputs(
     options = options or Options()
     everything = inputs
     if options.rank_from is not None:
-        compile_rank_pattern(options.rank_from)  # a bad pattern is one error, not one per file
-    inputs = select_ranks(inputs, options.ranks, options.rank_from)
+        compile_rank_pattern(options.rank_from, options.caller)  # a bad pattern is one error, not one per file
+    inputs = select_ranks(inputs, options.ranks, options.rank_from, options.caller)
     if options.ranks is not None and not inputs.count:
         raise UserError(
-            f"--ranks {format_numbers(options.ranks)} selects none of the inputs: {_ranks_held(everything)}"
+            f"{options.caller.numbers('ranks', options.ranks)} selects none of the inputs: "
+            + _ranks_held(everything, options.rank_from)
         )
     outcomes: list[Outcome] = []
     advance = on_bytes or (lambda n: None)
@@ -442,7 +466,7 @@ def analyze_inputs(
         summaries = [s for s in summaries if s.trace is None]
     if options.steps is not None and summaries and not inputs.traces:
         raise UserError(
-            f"--steps {format_numbers(options.steps, ':')} needs the ranks' traces, and these inputs hold only "
+            f"{options.caller.numbers('steps', options.steps)} needs the ranks' traces, and these inputs hold only "
             f"per-rank summaries ({len(summaries)}), which cover every step: analyze a run whose traces were kept"
         )
     for summary in summaries:
@@ -462,22 +486,24 @@ def analyze_inputs(
     report = build_report(outcomes, inputs, job, options)
     if options.ranks is not None and not report.ranks and not report.errors:
         raise UserError(
-            f"--ranks {format_numbers(options.ranks)} selects no rank of the traces read: {_ranks_held(everything)}"
+            f"{options.caller.numbers('ranks', options.ranks)} selects no rank of the traces read: "
+            + _ranks_held(everything, options.rank_from)
         )
     if options.steps is not None and report.ranks and not any(r.steps for r in report.ranks):
         held = sorted({n for _, results, _ in outcomes for r in results for n in r.trace_steps})
         there = f"the traces hold steps {format_numbers(set(held))}" if held else "the traces have no ProfilerStep"
-        raise UserError(f"--steps {format_numbers(options.steps, ':')} selects no step of any rank: {there}")
+        raise UserError(f"{options.caller.numbers('steps', options.steps)} selects no step of any rank: {there}")
     return report
 
 
-def _ranks_held(inputs: Inputs) -> str:
-    """'the inputs hold ranks 0-7' from the file names (what a --ranks error lists)."""
+def _ranks_held(inputs: Inputs, rank_from: str | None = None) -> str:
+    """'the inputs hold ranks 0-7' from the file names, as --rank-from reads them when given (what a --ranks
+    error lists)."""
     named: set[int] = set()
     unnamed = 0
     for path in inputs.traces + [s.path for s in inputs.summaries]:
         try:
-            rank = rank_from_name(path)
+            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from)
         except UserError:
             rank = None
         if rank is None:
@@ -488,7 +514,7 @@ def _ranks_held(inputs: Inputs) -> str:
     return held + (f" ({unnamed} file(s) whose name states none)" if unnamed and named else "")
 
 
-def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None = None) -> Inputs:
+def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None = None, caller: Caller = CLI) -> Inputs:
     """`inputs` less the files of ranks not in `ranks`: by the rank in the file name (a trace whose name states
     none is read, then kept only if its distributedInfo rank is selected), or the one `rank_from` reads there."""
     if ranks is None:
@@ -496,7 +522,7 @@ def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None =
 
     def wanted(path: str) -> bool:
         try:
-            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from)
+            rank = rank_from_name(path) if rank_from is None else rank_by_pattern(path, rank_from, caller)
         except UserError:
             return True  # reading it reports the problem
         return rank is None or rank in ranks
@@ -701,6 +727,7 @@ def analyze(
         steps=_api_numbers(steps, "steps"),
         ranks=_api_numbers(ranks, "ranks"),
         rank_from=rank_from,
+        caller=API,
     )
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs, scheduler=scheduler)
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Set
+from dataclasses import dataclass
+from itertools import islice
 
 from overlapcheck.errors import UserError
 
@@ -92,3 +94,30 @@ def parse_numbers(text: str, dash: str, option: str) -> Numbers:
 def _digits(text: str) -> bool:
     t = text.strip()
     return t.isascii() and t.isdigit()
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a selection, so that an error names it as that caller wrote it: the command line's options
+    (`--ranks 0-3`, `--steps 5:7`, `--rank-from 'gpu(\\d+)'`) or the API's parameters (`ranks=[0, 1, 2, 3]`,
+    `steps=[5, 6, 7]`, `rank_from='gpu(\\d+)'`). The checks are the same for both (pipeline.analyze_inputs)."""
+
+    api: bool = False
+
+    def numbers(self, what: str, numbers: Set[int]) -> str:
+        """'--ranks 0-3' / 'ranks=[0, 1, 2, 3]' (`what`: "ranks" or "steps"); a long selection is not expanded."""
+        held = numbers if isinstance(numbers, Numbers) else Numbers.of(numbers)
+        if not self.api:
+            return f"--{what} {held.text(':' if what == 'steps' else '-')}"
+        first = [str(n) for n in islice(held, 11)]
+        if len(first) <= 10:
+            return f"{what}=[{', '.join(first)}]"
+        return f"{what}=[{', '.join(first[:10])}, ...] ({held.text()})"
+
+    def pattern(self, pattern: str) -> str:
+        """`--rank-from 'x'` / `rank_from='x'`."""
+        return f"rank_from={pattern!r}" if self.api else f"--rank-from {pattern!r}"
+
+
+CLI = Caller()
+API = Caller(api=True)

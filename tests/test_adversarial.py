@@ -733,7 +733,7 @@ def test_auto_takes_the_value_the_engine_resolved_in_run_json(tmp_path: Path) ->
     auto = json.loads(json.dumps(resolved))
     auto["zero_optimization"]["reduce_bucket_size"] = "auto"
     auto["zero_optimization"]["stage3_prefetch_bucket_size"] = "auto"
-    (folder / "run.json").write_text(json.dumps({"ds_config": resolved}))
+    (folder / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "ds_config": resolved}))
     report = overlapcheck.analyze(folder, ds_config=auto, jobs=1)
     expected = overlapcheck.analyze(folder, ds_config=resolved, jobs=1)
     assert report.findings == expected.findings
@@ -1394,3 +1394,308 @@ def test_api_an_unknown_renderer_is_a_user_error(name: Any) -> None:
 
     with pytest.raises(UserError, match="unknown renderer"):  # was: KeyError
         renderer(name)
+
+
+# ---- round 4: a fresh hostile round --------------------------------------------------------------------------
+
+
+def _config_not_a_file(folder: Path, kind: str) -> None:
+    path = folder / "ds_config.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "broken-link":
+        path.symlink_to(folder / "nowhere.json")
+    else:
+        path.symlink_to(path)  # a link loop
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [("fifo", "is a FIFO"), ("folder", "is a directory"), ("broken-link", "broken symbolic link"), ("loop", "loop")],
+)
+def test_a_ds_config_json_that_is_no_file_is_a_note_never_a_hang_or_silence(
+    tmp_path: Path, kind: str, said: str
+) -> None:
+    folder = job_folder(tmp_path / "job")
+    _config_not_a_file(folder, kind)
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json")
+    assert code == 0, stderr
+    notes = [n for n in json.loads(stdout)["notes"] or [] if "ds_config.json" in n]
+    assert len(notes) == 1 and said in notes[0] and "not read" in notes[0], notes
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert any(said in n and "ds_config.json" in n for n in report.notes or []), report.notes
+
+
+def test_an_unreadable_ds_config_json_is_one_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
+    real_open = os.open
+
+    def no_access(path: Any, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path).endswith("ds_config.json"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_access)  # as root, chmod 000 reads on: the refusal is what is tested
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1")
+    assert code == 2 and "ds_config.json" in stderr and "Permission denied" in stderr and stdout == "", stderr
+
+
+def test_a_run_json_of_another_schema_is_noted_beside_a_ds_config(tmp_path: Path) -> None:
+    folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
+    (folder / "run.json").write_text(json.dumps({"schema": "someone-else/9"}))
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert any("someone-else/9" in n for n in report.notes or []), report.notes  # sanitize_config's notes replaced it
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "api_said", "cli_args", "cli_said"),
+    [
+        ({"ranks": []}, "ranks=[] selects none of the inputs", None, None),
+        ({"steps": []}, "steps=[] selects no step", None, None),
+        ({"ranks": [99]}, "ranks=[99] selects none", ["--ranks", "99"], "--ranks 99 selects none"),
+        ({"steps": [9, 10]}, "steps=[9, 10] selects no step", ["--steps", "9,10"], "--steps 9:10 selects no step"),
+        ({"ranks": range(100, 10**6)}, "ranks=[100, 101,", ["--ranks", "100-999999"], "--ranks 100-999999 selects"),
+        ({"rank_from": ""}, "rank_from='' is empty", ["--rank-from", ""], "--rank-from '' is empty"),
+        ({"rank_from": "("}, "rank_from='(' is not a regular", ["--rank-from", "("], "--rank-from '(' is not a"),
+    ],
+)
+def test_a_selection_error_names_it_as_its_caller_wrote_it(
+    tmp_path: Path, kwargs: dict, api_said: str, cli_args: list[str] | None, cli_said: str | None
+) -> None:
+    folder = job_folder(tmp_path / "job")
+    with pytest.raises(UserError) as caught:
+        overlapcheck.analyze(folder, jobs=1, **kwargs)
+    assert api_said in str(caught.value) and "--" not in str(caught.value), caught.value  # was: "--ranks  selects"
+    if cli_args is not None:
+        code, stdout, stderr = cli("analyze", str(folder), "-j", "1", *cli_args)
+        assert code == 2 and cli_said in stderr and stdout == "", stderr
+
+
+def test_a_rank_from_that_matches_no_path_names_the_api_parameter(tmp_path: Path) -> None:
+    report = overlapcheck.analyze(job_folder(tmp_path / "job"), jobs=1, rank_from="gpu(\\d+)")
+    assert not report.ranks and len(report.errors) == 2
+    assert all("rank_from='gpu(\\\\d+)' does not match" in e.error for e in report.errors), report.errors
+
+
+def test_a_rank_selection_with_rank_from_lists_the_ranks_the_pattern_reads(tmp_path: Path) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in range(2):
+        (folder / f"gpu{r}-x.json").write_bytes(doc_bytes(rank=r, world=2))
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"gpu(\d+)", "--ranks", "5")
+    assert code == 2 and "--ranks 5 selects none of the inputs: the inputs hold rank(s) 0-1" in stderr, stderr
+    # was: "... no file name states a rank", though --rank-from reads 0 and 1 in them
+
+
+@pytest.mark.parametrize("command", ["gate", "compare", "baseline"])
+def test_a_report_with_an_integer_beyond_a_float_is_malformed_not_a_traceback(tmp_path: Path, command: str) -> None:
+    report = tmp_path / "report.json"
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o",
+                          str(report))  # fmt: skip
+    assert code == 0, stderr
+    doc = json.loads(report.read_text())
+    doc["ranks"][0]["span_us"] = 0  # then written as a 400-digit integer: valid JSON, beyond any float
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(doc).replace('"span_us": 0', '"span_us": ' + "9" * 400, 1))
+    args = {
+        "gate": ["gate", str(edited), "--min-overlap", "all=0.5"],
+        "compare": ["compare", str(edited), str(report)],
+        "baseline": ["gate", str(report), "--baseline", str(edited)],
+    }[command]
+    code, _, stderr = cli(*args)  # was: OverflowError (int too large to convert to float)
+    assert code == 2 and "ranks[0].span_us is not a finite number" in stderr, stderr
+
+
+def test_a_report_without_ranks_is_refused_as_a_baseline(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o",
+                          str(report))  # fmt: skip
+    doc = json.loads(report.read_text())
+    doc["ranks"] = []
+    report.write_text(json.dumps(doc))
+    code, stdout, stderr = cli("baseline", "save", str(report), str(tmp_path / "base.json"))
+    assert code == 2 and "no ranks" in stderr and stdout == "", stderr  # was: "saved baseline: 0 ranks", exit 0
+    assert not (tmp_path / "base.json").exists()
+
+
+@pytest.mark.parametrize("run_json", [None, "{}", '{"schema": "someone-else/1"}', "fifo"])
+def test_run_force_never_empties_a_folder_that_is_no_earlier_run(tmp_path: Path, run_json: str | None) -> None:
+    # was: `run --out traces/ --force` deleted the folder's rank*.trace.json.gz, its traces/ and its summaries
+    folder = tmp_path / "real"
+    (folder / "traces").mkdir(parents=True)
+    (folder / "rank0.trace.json.gz").write_bytes(b"real trace")
+    (folder / "traces" / "rank1.pt.trace.json.gz").write_bytes(b"another")
+    (folder / "rank0.summary.json").write_text("{}")
+    if run_json == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("needs FIFOs")
+        os.mkfifo(folder / "run.json")
+    elif run_json is not None:
+        (folder / "run.json").write_text(run_json)
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    code, _, stderr = cli("run", "--out", str(folder), "--force", "--summary-timeout", "1", "--", "true")
+    assert code == 2 and "never replaced, even with --force" in stderr, stderr
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+    assert (folder / "rank0.trace.json.gz").read_bytes() == b"real trace"
+
+
+def test_run_force_replaces_an_earlier_run_and_keeps_a_trace_beside_it(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    args = ["run", "--out", str(folder), "--summary-timeout", "1", "--", "true"]
+    assert cli(*args)[0] == 0
+    (folder / "rank0.trace.json.gz").write_bytes(b"copied here by hand")  # run writes traces in traces/ only
+    code, _, stderr = cli(*args[:3], "--force", *args[3:])
+    assert code == 0, stderr
+    assert (folder / "rank0.trace.json.gz").read_bytes() == b"copied here by hand"
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-1", "1e300"])
+def test_a_summary_timeout_that_never_ends_is_refused_before_the_job_runs(tmp_path: Path, seconds: str) -> None:
+    # was: accepted; a NaN deadline is never reached, so a stuck summary made the launcher wait forever
+    marker = tmp_path / "ran"
+    code, _, stderr = cli("run", "--out", str(tmp_path / "run"), "--summary-timeout", seconds, "--",
+                          "touch", str(marker))  # fmt: skip
+    assert code == 2 and "--summary-timeout" in stderr, stderr
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("shape", ["broken-link", "link-loop", "under-a-file"])
+def test_simulate_into_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path, shape: str) -> None:
+    out = tmp_path / "out"
+    if shape == "broken-link":
+        out.symlink_to(tmp_path / "nowhere")
+    elif shape == "link-loop":
+        out.symlink_to(out)
+    else:
+        (tmp_path / "afile").write_text("x")
+        out = tmp_path / "afile" / "sub"
+    code, _, stderr = cli("simulate", "--out", str(out), "--steps", "1", "--nodes", "1", "--gpus-per-node", "1")
+    assert code == 2 and str(out) in stderr and len(stderr.splitlines()) == 1, stderr  # was: FileExistsError
+
+
+@pytest.mark.parametrize("name", ["ds_config.json", "truth.json"])
+def test_simulate_force_never_writes_through_a_link_into_another_folder(tmp_path: Path, name: str) -> None:
+    small = ["--steps", "1", "--nodes", "1", "--gpus-per-node", "1"]
+    sim = tmp_path / "sim"
+    assert cli("simulate", "--out", str(sim), *small)[0] == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / name).write_bytes((sim / name).read_bytes())  # another job's file (a simulation's, for truth.json)
+    before = (other / name).read_bytes()
+    (sim / name).unlink()
+    (sim / name).symlink_to(other / name)
+    code, _, stderr = cli("simulate", "--out", str(sim), *small, "--seed", "7", "--scenario", "no-prefetch",
+                          "--force")  # fmt: skip
+    assert code == 0, stderr
+    assert (other / name).read_bytes() == before  # was: replaced through the link
+    assert not (sim / name).is_symlink() and json.loads((sim / name).read_text())
+
+
+@pytest.mark.parametrize("command", ["analyze", "gate", "compare"])
+@pytest.mark.parametrize("columns", ["0", "5", "-5"])
+def test_a_columns_that_is_no_width_is_ignored_never_an_empty_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, columns: str
+) -> None:
+    folder = job_folder(tmp_path / "job")
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    monkeypatch.setenv("COLUMNS", columns)
+    args = {
+        "analyze": ["analyze", str(folder), "-j", "1"],
+        "gate": ["gate", str(report), "--min-overlap", "all=0.1"],
+        "compare": ["compare", str(report), str(report)],
+    }[command]
+    code, stdout, stderr = cli(*args)
+    assert code in (0, 1) and "overlap" in stdout and len(stdout) > 500, (stdout, stderr)  # was: nothing, exit 0
+
+
+def test_a_columns_of_a_billion_is_ignored_never_a_hang(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = job_folder(tmp_path / "job")
+    env = {**os.environ, "COLUMNS": "999999999", "PYTHONPATH": str(Path(overlapcheck.__file__).parent.parent)}
+    done = subprocess.run([sys.executable, "-m", "overlapcheck", "analyze", str(folder), "-j", "1"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "overlap" in done.stdout, done.stderr  # was: still rendering after 60 s
+
+
+@pytest.mark.parametrize("victim", ["report", "baseline", "trace", "ds_config"])
+def test_the_step_summary_is_never_appended_to_an_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: str
+) -> None:
+    # was: GITHUB_STEP_SUMMARY naming the gated report appended Markdown to it (no longer JSON), and a trace's
+    # gzip got Markdown at its end
+    folder = job_folder(tmp_path / "job", config={"zero_optimization": {"stage": 3}})
+    report, base = tmp_path / "report.json", tmp_path / "base.json"
+    for out in (report, base):
+        assert cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(out))[0] == 0
+    (folder / "rank0.trace.json.gz").write_bytes(gzip.compress(doc_bytes(rank=0)))
+    target = {"report": report, "baseline": base, "trace": folder / "rank0.trace.json.gz",
+              "ds_config": folder / "ds_config.json"}[victim]  # fmt: skip
+    before = {p: p.read_bytes() for p in (report, base, *folder.iterdir()) if p.is_file()}
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+    code, _, stderr = cli("gate", str(report), "--baseline", str(base), "--min-overlap", "all=0.1")
+    assert code == 2 and "$GITHUB_STEP_SUMMARY" in stderr and str(target) in stderr, stderr
+    assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_step_summary_that_is_a_fifo_is_refused_never_a_hang(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    os.mkfifo(tmp_path / "fifo")
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(tmp_path / "fifo"),
+           "PYTHONPATH": str(Path(overlapcheck.__file__).parent.parent)}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "overlapcheck", "gate", str(report), "--min-overlap", "all=0.1"],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "is a FIFO" in done.stderr, done.stderr  # was: blocked in open() forever
+
+
+def test_the_step_summary_still_appends_to_its_file_and_dev_null_is_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    for target in (summary, Path(os.devnull)):
+        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+        code, _, stderr = cli("gate", str(report), "--min-overlap", "all=0.1")
+        assert code in (0, 1), stderr
+    assert summary.read_text().startswith("earlier step\n### ")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_run_folder_whose_run_json_is_a_fifo_is_read_with_a_note(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    for r in range(2):
+        (run / "traces" / f"rank{r}.pt.trace.json").write_bytes(doc_bytes(rank=r, world=2))
+    os.mkfifo(run / "run.json")
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    assert code == 0, stderr  # was: "no trace files in this folder", the traces in traces/ unseen
+    doc = json.loads(stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert any("run.json is a FIFO" in n for n in doc["notes"]), doc["notes"]
+
+
+def test_no_trace_files_in_a_folder_lists_the_subfolders_that_hold_some(tmp_path: Path) -> None:
+    job_folder(tmp_path / "top" / "job")
+    code, _, stderr = cli("analyze", str(tmp_path / "top"), "-j", "1")
+    assert code == 2 and "job/ holds 2 trace file(s): give that folder" in stderr, stderr
+
+
+@pytest.mark.parametrize("name", ["text", "json", "markdown", "html", "perfetto"])
+@pytest.mark.parametrize("document", [None, {"schema": "overlapcheck.report/1"}, "report.json"])
+def test_api_a_renderer_given_no_report_is_a_user_error(name: str, document: Any) -> None:
+    from overlapcheck.report import renderer
+
+    with pytest.raises(UserError, match="a renderer takes a Report"):  # was: AttributeError / TypeError inside
+        renderer(name).render(document)

@@ -202,7 +202,7 @@ def test_read_json_of_partial_file_is_none(tmp_path):
 def test_existing_run_folder_is_refused_without_force(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "run.json").write_text("{}")
+    (out / "run.json").write_text('{"schema": "overlapcheck.run/1"}')  # an earlier run: --force replaces it
     (out / "traces").mkdir()
     (out / "traces" / "rank0.pt.trace.json.gz").write_bytes(b"x")
     (out / "rank0.summary.json").write_text("{}")

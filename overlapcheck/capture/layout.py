@@ -67,9 +67,10 @@ def ds_env_file_path(out: str, node_rank: int) -> str:
 
 
 def is_run_file(name: str) -> bool:
-    """Whether a top-level file name is one `overlapcheck run` writes (what --force may delete)."""
+    """Whether a top-level file name is one `overlapcheck run` writes (what --force may delete): the traces are
+    written in traces/, never beside run.json, so a trace there is someone else's and is kept."""
     return (
         name == RUN_JSON
-        or (name.startswith("rank") and name.endswith((".trace.json.gz", ".summary.json")))
+        or (name.startswith("rank") and name.endswith(".summary.json"))
         or (name.startswith(".") and ".tmp" in name)
     )  # temp files of an interrupted write

@@ -40,6 +40,7 @@ def prepare_out(out: str, force: bool, join: bool) -> None:
                 "the run folder exists and is not empty; use --force to replace its run files, or choose another --out",
                 path=out,
             )
+        _only_an_earlier_run(out)
         for name in os.listdir(out):
             if layout.is_run_file(name):
                 os.unlink(os.path.join(out, name))
@@ -47,6 +48,25 @@ def prepare_out(out: str, force: bool, join: bool) -> None:
         shutil.rmtree(layout.traces_dir(out), ignore_errors=True)
     os.makedirs(os.path.join(out, layout.STATUS_DIR), exist_ok=True)
     os.makedirs(layout.traces_dir(out), exist_ok=True)
+
+
+def _only_an_earlier_run(out: str) -> None:
+    """UserError unless the non-empty folder `out` holds an earlier `overlapcheck run`, whose run files --force
+    may replace: its run.json is this tool's (written before the job starts). A folder of traces, summaries or
+    anything else is never emptied, even with --force: --force deletes the traces in traces/ and the summaries."""
+    from overlapcheck.fsutil import read_json_file
+
+    try:
+        doc = read_json_file(os.path.join(out, layout.RUN_JSON), "a run manifest")  # regular files only: no FIFO
+    except UserError:
+        doc = None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not (isinstance(schema, str) and schema.startswith(manifest.SCHEMA.rsplit("/", 1)[0] + "/")):
+        raise UserError(
+            "holds files that no `overlapcheck run` wrote (no run.json of overlapcheck run there), never "
+            "replaced, even with --force: choose an empty or new --out",
+            path=out,
+        )
 
 
 def _alive(pid: int) -> bool:

@@ -233,6 +233,29 @@ def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = No
             seen[key] = "another output"
 
 
+def check_appendable(path: str, what: str, inputs: list[str]) -> None:
+    """UserError unless `path` (`what` names it: "$GITHUB_STEP_SUMMARY") may be appended to: a regular file or
+    none yet (a FIFO would block the append forever), none of the `inputs` (appending to the report it checks
+    made that report invalid JSON), and no job's input (a trace, a ds_config.json: `check_target`)."""
+    import os
+
+    from overlapcheck.errors import UserError
+    from overlapcheck.fsutil import check_target, not_a_file
+
+    if os.path.realpath(path) == os.devnull:
+        return  # the way to say "nowhere"
+    if (kind := not_a_file(path)) is not None:
+        raise UserError(f"{what} is {kind}, not a file to append to", path)
+    keys = set(_identities(path))
+    if any(keys & set(_identities(p)) for p in input_files(inputs)):
+        raise UserError(f"{what} is also an input of this command: it is never appended to", path)
+    if os.path.exists(path):
+        try:
+            check_target(path, force=True)  # a trace or a job's document is never written to
+        except UserError as exc:
+            raise UserError(f"{what} {str(exc).removeprefix(path + ': ')}", path) from None
+
+
 def input_files(paths: list[str]) -> list[str]:
     """The files that reading `paths` reads: a file itself, a folder every input file found in it."""
     import os
@@ -269,8 +292,9 @@ def _with_progress(inputs: Any, job: Any, options: Any, jobs: int | None, schedu
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
     from overlapcheck.pipeline import analyze_inputs
+    from overlapcheck.report.terminal import console_environ
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, _environ=console_environ())
     if not console.is_terminal or inputs.count == 0:
         return analyze_inputs(inputs, job, options, jobs, scheduler=scheduler)
     columns = (

@@ -24,12 +24,15 @@ def save(report_path: str, baseline_path: str, force: bool) -> None:
       overlapcheck baseline save report.json ci/overlap-baseline.json
     """
     from overlapcheck.commands.analyze import check_outputs
+    from overlapcheck.errors import UserError
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.gate import read_report, reduce_ranks
     from overlapcheck.report.present import pct
 
     check_outputs([baseline_path], force, inputs=[report_path])
     report, raw = read_report(report_path)
+    if not report.ranks:  # every later gate would compare with nothing; gate fails such a report too
+        raise UserError("the report has no ranks (nothing was measured): it cannot be a baseline", report_path)
     atomic_write(baseline_path, raw, force)
     median = reduce_ranks(report, lambda r: r.overlap(), "median", higher_is_worse=False)
     click.echo(f"saved baseline {baseline_path}: {len(report.ranks)} ranks, overlap (median) {pct(median.value)}")

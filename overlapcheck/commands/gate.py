@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from overlapcheck.commands.paths import a_file_path
@@ -95,7 +97,7 @@ def command(
       overlapcheck gate report.json --min-overlap all=80% --max-exposed-share 0.1
       overlapcheck gate report.json --baseline base.json --junit gate.xml
     """
-    from overlapcheck.commands.analyze import check_outputs
+    from overlapcheck.commands.analyze import check_appendable, check_outputs
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.junit import render_junit
     from overlapcheck.report.markdown import render_gate_markdown
@@ -116,7 +118,10 @@ def command(
     if not (config.min_overlap or config.max_exposed_share is not None or baseline_path):
         raise UserError("nothing to check: give --baseline, --min-overlap or --max-exposed-share")
     outputs = [p for p in (junit_path, markdown_path) if p]
-    check_outputs(outputs, force, inputs=[p for p in (report_path, baseline_path) if p])
+    inputs = [p for p in (report_path, baseline_path) if p]
+    check_outputs(outputs, force, inputs=inputs)
+    if summary := os.environ.get("GITHUB_STEP_SUMMARY"):
+        check_appendable(summary, "$GITHUB_STEP_SUMMARY", inputs)
     report = load_report(report_path)
     baseline = load_report(baseline_path) if baseline_path else None
     checks = run_checks(report, config, baseline)

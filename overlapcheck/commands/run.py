@@ -41,6 +41,9 @@ class _RunCommand(click.Command):
         return super().parse_args(ctx, args[:i])
 
 
+MAX_SUMMARY_TIMEOUT = 7 * 86400.0  # a week: beyond it (inf) the launcher would never give up on a stuck summary
+
+
 @click.command(
     cls=_RunCommand,
     context_settings={"allow_extra_args": True},
@@ -105,6 +108,11 @@ def command(
             active=default.active if active is None else active,
         )
     parse_ranks(ranks)  # validate early
+    if not 0 <= summary_timeout <= MAX_SUMMARY_TIMEOUT:  # NaN too: a NaN deadline is never reached (a hang)
+        raise click.BadParameter(
+            f"{summary_timeout!r} is not a number of seconds from 0 to {MAX_SUMMARY_TIMEOUT:.0f}",
+            param_hint="--summary-timeout",
+        )
     settings = CaptureSettings(
         out=out or session.default_out(),
         schedule=schedule,

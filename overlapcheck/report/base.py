@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
+from overlapcheck.errors import UserError
 from overlapcheck.model import Report
 
 Document = TypeVar("Document", contravariant=True)
@@ -22,3 +23,12 @@ class Renderer(Protocol[Document]):
 
 
 ReportRenderer = Renderer[Report]
+
+
+def expect_report(document: object) -> Report:
+    """`document` when it is a Report; UserError otherwise (each Report renderer's first line: a dict from
+    `json.load` or None gave an AttributeError deep inside the renderer)."""
+    if isinstance(document, Report):
+        return document
+    hint = ": Report.from_dict(doc) reads a JSON report" if isinstance(document, dict) else ""
+    raise UserError(f"a renderer takes a Report (from overlapcheck.analyze), not {type(document).__name__}{hint}")

@@ -19,6 +19,7 @@ from typing import Any
 from overlapcheck.model import ALL, COLLECTIVE_KEYS, Finding, RankMetrics, Report, Timeline
 from overlapcheck.report import page
 from overlapcheck.report import present as P
+from overlapcheck.report.base import expect_report
 
 MAX_RANKS_SHOWN = 512  # ranks in the table, the per-rank columns and the bandwidth plot: the lowest overlap first
 MAX_EVENTS_TOTAL = 240_000  # events embedded over all ranks' timelines
@@ -59,6 +60,7 @@ class HtmlRenderer:
         self.perfetto = perfetto  # a relative link to the Perfetto file written in the same run, if any
 
     def render(self, report: Report) -> str:
+        report = expect_report(report)
         import markupsafe
 
         env = page.environment()

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from overlapcheck.model import Report
+from overlapcheck.report.base import expect_report
 
 
 class JsonRenderer:
@@ -33,6 +34,7 @@ class JsonRenderer:
         self.digits = digits
 
     def render(self, report: Report) -> str:
+        report = expect_report(report)
         return "".join(self.stream(report))
 
     def stream(self, report: Report) -> Iterator[str]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from overlapcheck.model import Report
 from overlapcheck.report import present as P
+from overlapcheck.report.base import expect_report
 
 if TYPE_CHECKING:
     from overlapcheck.gate import Check
@@ -31,6 +32,7 @@ class MarkdownRenderer:
     extension = ".md"
 
     def render(self, report: Report) -> str:
+        report = expect_report(report)
         v = P.verdict(report)
         mark = {"good": "✅", "warn": "⚠️", "bad": "❌", "none": "ℹ️"}[v.level]
         lines = [f"### {mark} overlapcheck: {cell(v.headline)}", "", cell(v.sentence()), ""]

@@ -22,6 +22,7 @@ from typing import Any
 from overlapcheck.errors import UserError
 from overlapcheck.model import Blame, Finding, Report, Timeline
 from overlapcheck.report import present as P
+from overlapcheck.report.base import expect_report
 
 MAX_EVENTS_TOTAL = 3_000_000  # activity slices over all ranks ...
 MAX_EVENTS_RANK = 60_000  # ... and per rank; a rank keeps at least MIN_EVENTS_RANK
@@ -52,6 +53,7 @@ class PerfettoRenderer:
     def render(self, report: Report) -> str | bytes:
         """The document; a UserError when the report holds no timeline (it was analyzed without them: an empty
         trace would look like a job with no events)."""
+        report = expect_report(report)
         if not report.timelines and report.ranks:
             raise UserError(
                 "the report has no timelines: analyze with timelines=True (the CLI's --perfetto does) to export them"

@@ -13,19 +13,40 @@ from rich.text import Text
 
 from overlapcheck.model import ALL, Finding, Report
 from overlapcheck.report import present as P
+from overlapcheck.report.base import expect_report
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _LEVEL_STYLE = {"good": "green", "warn": "yellow", "bad": "red", "none": "blue"}
 
 
 MAX_PIPE_WIDTH = 240  # off a terminal: as wide as the widest table, up to this
+COLUMNS_RANGE = (20, 1000)  # a COLUMNS outside it is ignored: 0 printed nothing at all, 10^9 never finished
+
+
+def console_environ() -> dict[str, str]:
+    """The environment a rich Console reads its width from: without a COLUMNS outside COLUMNS_RANGE (or not a
+    number), which is then as if unset."""
+    env = dict(os.environ)
+    text = env.get("COLUMNS", "").strip()
+    if "COLUMNS" in env and not (text.isascii() and text.isdigit() and len(text) < 8 and _usable(int(text))):
+        del env["COLUMNS"]
+    elif "COLUMNS" in env:
+        env["COLUMNS"] = text  # " 100" is 100 (rich would drop it)
+    return env
+
+
+def _usable(columns: int) -> bool:
+    return COLUMNS_RANGE[0] <= columns <= COLUMNS_RANGE[1]
 
 
 def stdout_console(renderables: list[RenderableType], **kwargs: object) -> Console:
     """The Console for stdout. On a terminal, its width; off one (CI logs, pipes, `| less`) rich would take 80
-    columns and cut headers to "collec…": there, as wide as the widest table needs (COLUMNS still wins)."""
+    columns and cut headers to "collec…": there, as wide as the widest table needs (COLUMNS still wins, when it
+    is a width at all: `console_environ`)."""
+    env = console_environ()
+    kwargs = {"_environ": env, **kwargs}
     console = Console(**kwargs)  # type: ignore[arg-type]
-    if console.is_terminal or os.environ.get("COLUMNS"):
+    if console.is_terminal or env.get("COLUMNS"):
         return console
     tables: list[Table] = []
     todo = list(renderables)
@@ -52,6 +73,7 @@ class TerminalRenderer:
         self.errors = errors  # False where the CLI prints each error on stderr already (never twice)
 
     def render(self, report: Report) -> str:
+        report = expect_report(report)
         console = Console(record=True, width=self.width, file=io.StringIO())
         console.print(*self.renderables(report))
         return console.export_text()

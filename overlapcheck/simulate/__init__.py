@@ -143,6 +143,17 @@ def _only_a_simulation(out: Path) -> None:
         )
 
 
+def _make_folder(out: Path) -> None:
+    """Create `out` (and its parents); UserError, one line, where it cannot be: a broken link or a link loop in
+    its place, a file among its parents, no permission."""
+    if out.is_symlink() and not out.exists():
+        raise UserError(f"{out} is a symbolic link to nothing (or a link loop): remove it or choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{out}: cannot create the output folder: {exc.strerror or exc}") from None
+
+
 def generate(
     scenario: str,
     out: Path,
@@ -164,10 +175,13 @@ def generate(
         raise UserError(f"{out} is not empty; pass --force to overwrite")
     if force and out.is_dir():
         _only_a_simulation(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _make_folder(out)
     if force:
         for old in out.glob("rank*.trace.json.gz"):
             old.unlink()
+        for name in ("ds_config.json", "truth.json"):  # a link there is replaced, never the file it points to
+            if (out / name).is_symlink():
+                (out / name).unlink()
     say(f"simulating {cfg.world_size} ranks" + (", and the job without each effect (the costs)" if costs else ""))
     result, truth = truth_document(cfg, causes, costs, inherent_costs)
     for i, run in enumerate(result.ranks):
