@@ -19,7 +19,9 @@ reads proves at 2x4 what it would at 4x8. Kept at 4x8:
   false bandwidth-bound shows beside it depends on the floor at that size;
 - seed-5201, seed-5201-fixed (and the ds013 layout): the motivating 4x8 job;
 - healthy: no false warning (a straggler, peer-wait or bandwidth-bound) at 32 ranks.
-The rest (syncs, buckets, streams, waits, offload copies: per-rank rules) run at 2x4 only."""
+The rest (syncs, buckets, streams, waits, offload copies: per-rank rules) run at 2x4 only. They plant the same
+effect on every rank, so the cross-rank rules see them as they see healthy: a false straggler, peer-wait or
+bandwidth-bound at 32 ranks (which would also explain away their per-rank finding) shows on healthy at 4x8."""
 
 from __future__ import annotations
 
