@@ -19,7 +19,8 @@ def test_the_launcher_group_is_collected_first(pytester: pytest.Pytester) -> Non
         test_capture_launch="def test_job(): pass\n",
         test_z="import pytest\n\n@pytest.mark.launcher\ndef test_marked(): pass\ndef test_plain(): pass\n",
     )
-    result = pytester.runpytest("-p", "no:xdist", "--collect-only", "-q")
+    # in a process of its own: this one has imported the real test_capture_launch already
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "--collect-only", "-q")
     ids = [line for line in result.outlines if "::" in line]
     assert ids == [
         "test_capture_launch.py::test_job",
