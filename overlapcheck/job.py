@@ -119,13 +119,19 @@ class JobContext:
         """The context from the documents as read (any may be None or of the wrong shape); `found`: notes on
         the documents found and not read (pipeline.find_inputs), said first."""
         config = ds_config if isinstance(ds_config, dict) else None
+        notes: list[str] = list(found)
+        schema = (config or {}).get("schema")
+        if isinstance(schema, str) and schema.startswith("overlapcheck."):  # a report written as ds_config.json (-o)
+            notes.append(
+                f"the DeepSpeed config is an overlapcheck document ({schema[:60]!r}), not a ds_config: ignored"
+            )
+            config = None
         run = run if isinstance(run, dict) else None
         resolved = _dict((run or {}).get("ds_config"))  # the config as the engine resolved it (`overlapcheck run`)
         if config is None and resolved:
             config = resolved
         job = _dict((config or {}).get(SIMULATOR_JOB_KEY))
         sim_model = _dict((config or {}).get(SIMULATOR_MODEL_KEY))
-        notes: list[str] = list(found)
         if run is not None and run.get("schema") != RUN_SCHEMA:
             said = str(run.get("schema"))[:60]
             notes.append(

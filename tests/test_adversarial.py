@@ -1450,6 +1450,16 @@ def test_a_run_json_of_another_schema_is_noted_beside_a_ds_config(tmp_path: Path
     assert any("someone-else/9" in n for n in report.notes or []), report.notes  # sanitize_config's notes replaced it
 
 
+def test_a_report_written_as_ds_config_json_is_not_read_as_the_config(tmp_path: Path) -> None:
+    """`analyze DIR -o DIR/ds_config.json --format json`: the next analysis of DIR must not read its own report
+    as the job's DeepSpeed config (its keys would silently stand for none of the config's)."""
+    folder = job_folder(tmp_path / "job")
+    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(folder / "ds_config.json"))
+    assert code == 0, stderr
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert any("overlapcheck document" in n and "ignored" in n for n in report.notes or []), report.notes
+
+
 @pytest.mark.parametrize(
     ("kwargs", "api_said", "cli_args", "cli_said"),
     [

@@ -9,6 +9,7 @@ gradient hooks with their module (capture/modules.py) and records module frames;
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import signal
@@ -20,8 +21,10 @@ from pathlib import Path
 import pytest
 from builders import torch_extensions_dir
 
-pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
+# found, not imported: the jobs import them; importing deepspeed here would cost every xdist worker seconds at
+# collection, and only the one that runs the launcher group needs them
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("deepspeed") is None:
+    pytest.skip("needs torch and deepspeed (the capture extra)", allow_module_level=True)
 
 pytestmark = pytest.mark.launcher
 

@@ -7,10 +7,13 @@ overlapcheck's number differs from the MANIFEST's (a different compute definitio
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 from functools import cache
 
+import msgspec
 import pytest
 import reference as R
 from builders import shared_traces_dir
@@ -32,17 +35,34 @@ MANIFEST_FILES = [(row, path) for row in ROWS for path in R.files_of(TRACES, row
 EDGE_FILES = [p for p in ALL_FILES if os.sep + "edge-cases" + os.sep in p]
 
 
-def _has_gloo_annotations(path: str) -> bool:
-    return any(str(e.get("name", "")).startswith("gloo:") for e in R.load(path).events if e.get("ph") == "X")
+def _classify(path: str) -> tuple[bool, bool]:
+    """(gloo annotations, ProfilerStep ranges and GPU activities) of one file, for the parametrizations below.
+
+    At collection, in every xdist worker: the file is read once, a file without the bytes `gloo:` (or
+    `ProfilerStep#`) has no such event, and one that has them is decoded once with msgspec (test_jsonstream
+    shows it gives json.load's events on every shared trace; json.load where msgspec cannot hold a number)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    if b"gloo:" not in data and b"ProfilerStep#" not in data:
+        return False, False
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.ValidationError:  # a number beyond a double or a 64-bit integer
+        doc = json.loads(data)
+    events = doc if isinstance(doc, list) else doc.get("traceEvents", [])
+    trace = R.Trace(path, {}, events)
+    gloo = any(str(e.get("name", "")).startswith("gloo:") for e in events if e.get("ph") == "X")
+    return gloo, not gloo and bool(R.profiler_steps(trace)) and bool(R.gpu_activities(trace))
 
 
 # gloo (CPU-only) runs: the ZeRO-3 capture, and HTA's cpu_only trace (rank 34 of 300, gloo worker threads named
 # pt_main_thread, not pt_gloo_runloop)
-GLOO_FILES = [p for p in ALL_FILES if _has_gloo_annotations(p)]
+KINDS = {p: _classify(p) for p in ALL_FILES}
+GLOO_FILES = [p for p in ALL_FILES if KINDS[p][0]]
 NO_COMM_EDGE_FILES = [p for p in EDGE_FILES if p not in GLOO_FILES]
-STEP_FILES = [
-    p for p in ALL_FILES if p not in GLOO_FILES and R.profiler_steps(R.load(p)) and R.gpu_activities(R.load(p))
-]
+STEP_FILES = [p for p in ALL_FILES if KINDS[p][1]]
 
 
 @pytest.fixture(scope="module", autouse=True)
