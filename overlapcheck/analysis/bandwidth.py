@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from array import array
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -250,11 +251,13 @@ def transfer_times(results: Sequence[RankResult]) -> dict[str, float]:
     sigs = [r.signature for r in results if r.signature is not None]
     if len(sigs) < 2:
         return {}
-    table: dict[str, list[float]] = {}
+    shortest: dict[str, float] = {}  # a running minimum and count per key, not every rank's durations at once
+    seen: dict[str, int] = {}
     for sig in sigs:
         for key, d in zip(sig.keys, sig.dur, strict=True):
-            table.setdefault(key, []).append(d)
-    return {key: min(ds) for key, ds in table.items() if len(ds) == len(sigs)}
+            shortest[key] = min(shortest.get(key, d), d)
+            seen[key] = seen.get(key, 0) + 1
+    return {key: d for key, d in shortest.items() if seen[key] == len(sigs)}
 
 
 def _transfer_fraction(result: RankResult, transfer: dict[str, float]) -> float:
@@ -314,7 +317,8 @@ def job_bandwidth(results: Sequence[RankResult], job: JobContext | None = None) 
     n_ranks = max(1, len([r for r in ranks if r.signature is not None]))
     # one pass over the signatures: per kind, each collective key (in the order the ranks first show it) -> its
     # bytes and group size as the first rank states them, and every rank's duration of it inside a step
-    by_kind: dict[str, dict[str, tuple[int, int, list[float]]]] = {kind: {} for kind in C.COLLECTIVES}
+    # (the durations as arrays: 8 bytes a number, not a float object, with every rank's at once)
+    by_kind: dict[str, dict[str, tuple[int, int, array[float]]]] = {kind: {} for kind in C.COLLECTIVES}
     matched_of = {key: by_kind.get(_kind_of(key)) for key in transfer}  # each key split once per job
     steps = 0
     for r in ranks:
@@ -324,7 +328,7 @@ def job_bandwidth(results: Sequence[RankResult], job: JobContext | None = None) 
         steps = max(steps, sig.steps)
         for key, d, b, n, inside in zip(sig.keys, sig.dur, sig.bytes, sig.group, sig.in_step, strict=True):
             if inside and (into := matched_of.get(key)) is not None:
-                into.setdefault(key, (b, n, []))[2].append(d)
+                into.setdefault(key, (b, n, array("d")))[2].append(d)
     per_step = max(1, steps)
     for kind in C.COLLECTIVES:
         per_rank = [r.metrics.bandwidth[kind] for r in ranks if kind in r.metrics.bandwidth]
