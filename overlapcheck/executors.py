@@ -196,7 +196,11 @@ def _renamed(result: RankResult, real: str, path: str) -> RankResult:
 
 def executor(scheduler: str | None = None, jobs: int | None = None) -> Executor:
     """The Dask cluster at `scheduler` (`--scheduler`), else the local process pool of `jobs` processes."""
-    return DaskExecutor(scheduler) if scheduler else LocalExecutor(jobs)
+    return DaskExecutor(scheduler) if scheduler is not None else LocalExecutor(jobs)
+
+
+# what a Dask scheduler listens on: [tcp|tls|ws|wss|ucx://]host:port (an inproc:// one is no other process's)
+_ADDRESS = re.compile(r"(?:(?:tcp|tls|ws|wss|ucx)://)?(?:[\w.\-]+|\[[0-9a-fA-F:]+\]):\d{1,5}")
 
 
 def scheduler_address(given: str) -> str:
@@ -210,10 +214,10 @@ def scheduler_address(given: str) -> str:
         except (OSError, UnicodeDecodeError, ValueError):
             doc = None
         address = doc.get("address") if isinstance(doc, dict) else None
-        if not isinstance(address, str) or "://" not in address:
+        if not isinstance(address, str) or not _ADDRESS.fullmatch(address):
             raise UserError(f"--scheduler {given}: not a Dask scheduler file (JSON with the scheduler's address)")
         return address
-    if "://" in given or re.fullmatch(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", given):
+    if _ADDRESS.fullmatch(given):
         return given
     raise UserError(
         f"--scheduler {given!r}: neither a scheduler address (tcp://host:8786) nor an existing scheduler file"

@@ -1709,3 +1709,12 @@ def test_api_a_renderer_given_no_report_is_a_user_error(name: str, document: Any
 
     with pytest.raises(UserError, match="a renderer takes a Report"):  # was: AttributeError / TypeError inside
         renderer(name).render(document)
+
+
+@pytest.mark.parametrize("address", ["", "tcp://", "inproc://x", "file:///etc/passwd"])
+def test_a_scheduler_address_that_is_no_address_is_one_line_and_no_exit_traceback(address: str) -> None:
+    # was: a Client was built for each, its one-line error followed, 20 s later, by a Client.__del__ traceback;
+    # '' was taken as not given and ran locally
+    r = builders.run_cli("analyze", str(SAMPLES / "healthy"), "-j", "1", "--scheduler", address)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "neither a scheduler address" in r.stderr
