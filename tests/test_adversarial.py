@@ -1718,3 +1718,16 @@ def test_a_scheduler_address_that_is_no_address_is_one_line_and_no_exit_tracebac
     r = builders.run_cli("analyze", str(SAMPLES / "healthy"), "-j", "1", "--scheduler", address)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "neither a scheduler address" in r.stderr
+
+
+def test_api_perfetto_of_a_report_without_ranks_is_a_user_error_not_an_empty_trace() -> None:
+    # was: an empty traceEvents list whose metadata said "one rank: no alignment needed", without a word
+    import dataclasses
+
+    from builders import make_report
+
+    from overlapcheck.report import renderer
+
+    report = dataclasses.replace(make_report(), ranks=[])
+    with pytest.raises(UserError, match="no ranks"):
+        renderer("perfetto").render(report)

@@ -52,9 +52,11 @@ class PerfettoRenderer:
 
     def render(self, report: Report) -> str | bytes:
         """The document; a UserError when the report holds no timeline (it was analyzed without them: an empty
-        trace would look like a job with no events)."""
+        trace would look like a job with no events), or no rank at all."""
         report = expect_report(report)
-        if not report.timelines and report.ranks:
+        if not report.ranks:
+            raise UserError("the report has no ranks: no timeline to export")
+        if not report.timelines:
             raise UserError(
                 "the report has no timelines: analyze with timelines=True (the CLI's --perfetto does) to export them"
             )
