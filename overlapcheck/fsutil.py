@@ -197,6 +197,11 @@ def _never_replaced(target: str, path: str) -> None:
     name = os.path.basename(target)
     if name in PROTECTED_NAMES or name.endswith(PROTECTED_NAMES[-1]):
         raise UserError(f"is a job's {name} (an input of overlapcheck), never replaced, even with --force", path)
+    folder = os.path.dirname(os.path.abspath(target))  # RUN_DIR/status/ of `overlapcheck run` (capture/layout.py)
+    if os.path.basename(folder) == "status" and os.path.isfile(os.path.join(os.path.dirname(folder), "run.json")):
+        raise UserError(
+            "is a run folder's status record (what its run.json is made of), never replaced, even with --force", path
+        )
     try:
         with open(target, "rb") as fh:
             head = fh.read(1 << 16)

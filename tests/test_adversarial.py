@@ -1731,3 +1731,15 @@ def test_api_perfetto_of_a_report_without_ranks_is_a_user_error_not_an_empty_tra
     report = dataclasses.replace(make_report(), ranks=[])
     with pytest.raises(UserError, match="no ranks"):
         renderer("perfetto").render(report)
+
+
+@pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
+def test_report_never_writes_over_a_run_folders_status_record(tmp_path: Path, option: str) -> None:
+    # was: `report RUN -o RUN/status/launcher0.json --force` replaced the launcher's record with the report
+    run = _run_with_summaries(tmp_path / "run", lambda r, doc: doc)
+    record = run / "status" / "launcher0.json"
+    record.parent.mkdir(exist_ok=True)
+    record.write_text('{"node_rank": 0}')
+    code, _, stderr = cli("report", str(run), "-j", "1", option, str(record), "--force")
+    assert code == 2 and "status record" in stderr, stderr
+    assert record.read_text() == '{"node_rank": 0}'
