@@ -1743,3 +1743,16 @@ def test_report_never_writes_over_a_run_folders_status_record(tmp_path: Path, op
     code, _, stderr = cli("report", str(run), "-j", "1", option, str(record), "--force")
     assert code == 2 and "status record" in stderr, stderr
     assert record.read_text() == '{"node_rank": 0}'
+
+
+def test_api_text_of_a_report_without_ranks_or_errors_says_nothing_was_measured() -> None:
+    # was: the text renderer printed only a note about module frames: no verdict, no word of 0 ranks
+    import dataclasses
+
+    from builders import make_report
+
+    from overlapcheck.analysis.crossrank import summarize
+    from overlapcheck.report import renderer
+
+    report = dataclasses.replace(make_report(), ranks=[], findings=[], errors=[], summary=summarize([]))
+    assert "0 rank(s): no communication to measure" in renderer("text").render(report)

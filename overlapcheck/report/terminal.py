@@ -80,7 +80,7 @@ class TerminalRenderer:
 
     def renderables(self, report: Report) -> list[RenderableType]:
         out: list[RenderableType] = []
-        if report.ranks:
+        if report.ranks or not report.errors:  # no rank and no error: say so, as the Markdown does
             out.append(_verdict(report))
         out += [Text(f"capture: {P.safe_line(note)}", style="bold yellow") for note in P.capture_notes(report)]
         if report.ranks:
