@@ -27,7 +27,7 @@ Node = tuple[Any, ...]  # a shape as a hashable tree: ("f",) a number from the a
 
 
 class Unpackable(TypeError):
-    """An item holds something `Packer` does not rebuild (a set, a mutable object, a dataclass with init=False
+    """An item holds something `pack` does not rebuild (a set, a mutable object, a dataclass with init=False
     fields): the list is kept as it is."""
 
 

@@ -167,7 +167,7 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     # a run folder (run.json, traces/): run.json even when it cannot be read (a FIFO: the note says it)
     if os.path.lexists(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
         paths += [os.path.join(folder, TRACES_DIR, n) for n in _visible(os.path.join(folder, TRACES_DIR))]
-    traces = [p for p in paths if _TRACE_FILE.search(p) and not _NOT_TRACES.search(os.path.basename(p))]
+    traces = [p for p in paths if _trace_name(os.path.basename(p))]
     own = [p for p in traces if _own_output(p)]
     traces = [p for p in traces if p not in own]
     trace_of_rank: dict[int, str] = {}
@@ -189,6 +189,11 @@ def _scan_folder(folder: str, found: Inputs) -> None:
         raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}{_below(folder, names)}", folder)
 
 
+def _trace_name(name: str) -> bool:
+    """Whether a file name in a folder names a trace (*.json, *.json.gz, none of the job's own documents)."""
+    return bool(_TRACE_FILE.search(name)) and not _NOT_TRACES.search(name)
+
+
 def _below(folder: str, names: list[str]) -> str:
     """'; sub/ holds 2 trace files: give that folder' for the first few subfolders of `folder` that hold
     traces (what a "no trace files" error lists), '' when none does. One level down, regular names only."""
@@ -198,7 +203,7 @@ def _below(folder: str, names: list[str]) -> str:
         if len(held) == 3 or not os.path.isdir(sub) or os.path.islink(sub):
             continue
         try:
-            count = sum(1 for m in _visible(sub) if _TRACE_FILE.search(m) and not _NOT_TRACES.search(m))
+            count = sum(1 for m in _visible(sub) if _trace_name(m))
         except OSError:
             continue
         if count:

@@ -177,7 +177,7 @@ def _matched(sigs: dict[int, CollectiveSignature], ranks: list[int]) -> dict[str
     # dict per rank would be 5 KB a rank at 120 collectives, for 50,000 ranks at once
     index = {r: own if sigs[r].keys == first else {key: i for i, key in enumerate(sigs[r].keys)} for r in ranks}
     by_kind: dict[str, list[str]] = {}
-    for key in sigs[ranks[0]].keys:
+    for key in first:
         if all(key in index[r] for r in ranks[1:]):
             by_kind.setdefault(key.rsplit("|", 2)[-2], []).append(key)
     out = {}
