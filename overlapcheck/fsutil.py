@@ -128,7 +128,11 @@ def read_json_file(path: str | os.PathLike[str], what: str, max_bytes: int = MAX
     """Read a small JSON document (run.json, a ds_config, a report, a summary) safely: regular files only,
     at most `max_bytes`, and any way it can fail (not UTF-8, not JSON, nested too deeply, out of memory)
     is one UserError line naming the file and `what` it should be (e.g. "a DeepSpeed config")."""
-    data = read_bytes(path, what, max_bytes)
+    return json_document(read_bytes(path, what, max_bytes), path, what)
+
+
+def json_document(data: bytes, path: str | os.PathLike[str], what: str) -> Any:
+    """`data`, the bytes of the file `path`, as JSON: any way it can fail is one UserError (see read_json_file)."""
     path = os.fspath(path)
     if not data.strip():
         raise UserError(f"empty file, not {what}", path)

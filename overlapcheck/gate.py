@@ -225,6 +225,7 @@ def run_checks(report: Report, config: GateConfig, baseline: Report | None = Non
         checks.append(_exposed_share_check(report, config.max_exposed_share, config.reduction(False)))
     if baseline is not None:
         comparison = compare(baseline, report)
+        checks.append(_same_job_check(comparison))
         regressions, drops = config.max_exposed_regression, config.max_overlap_drop
         if not (regressions or drops):
             kinds = default_kinds(baseline)
@@ -273,6 +274,25 @@ def _inputs_check(report: Report) -> Check:
             f"could not read {sources}{more}",
         )
     return Check("inputs", "inputs read", True, f"{n} rank{'s' if n != 1 else ''}", "≥ 1 rank, all readable")
+
+
+def _same_job_check(comparison: Comparison) -> Check:
+    """The baseline ran on as many ranks as the report: a baseline of another world size moves every per-step
+    number for that alone, so its comparisons would pass or fail on nothing the change under test did."""
+    base, cur = comparison.before.world_size, comparison.after.world_size
+    name, limit = "world size as the baseline's", "the baseline's"
+    if base is None or cur is None:
+        return Check("baseline-world-size", name, True, "unknown", limit, "a report states no world size")
+    if base == cur:
+        return Check("baseline-world-size", name, True, f"{cur} ranks", limit)
+    return Check(
+        "baseline-world-size",
+        name,
+        False,
+        f"{cur} ranks",
+        f"{base} ranks",
+        "the baseline is of another job (or another scale): save one of this job (`overlapcheck baseline save`)",
+    )
 
 
 def _min_overlap_check(report: Report, kind: str, threshold: float, across: str) -> Check:

@@ -594,6 +594,7 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _from_plain(inner[0], value, path)
     if tp is Any:
+        _check_finite(value, path)
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -640,6 +641,20 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
             raise _Shape(f"{path} is not a string")
         return value
     raise TypeError(f"no conversion for {tp!r}")  # a bug in this module, not bad input
+
+
+def _check_finite(value: Any, path: str) -> None:
+    """_Shape if a free-form value (a finding's evidence, run.json) holds NaN or an infinity anywhere: JSON has
+    no such number (Python's parser takes them), and a report that holds one was edited or is not ours."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise _Shape(f"{where} is {item}, not a finite number")
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
 
 
 def _finite(value: int | float) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import operator
 import os
 import re
@@ -38,7 +39,7 @@ from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
 from overlapcheck.executors import Outcome, executor
-from overlapcheck.fsutil import file_size, not_a_file, read_json_file
+from overlapcheck.fsutil import file_size, json_document, not_a_file, read_bytes, read_json_file
 from overlapcheck.job import JobContext, Network
 from overlapcheck.model import (
     Blame,
@@ -53,7 +54,7 @@ from overlapcheck.model import (
 )
 from overlapcheck.selection import API, CLI, MAX_NUMBER, Caller, Numbers
 from overlapcheck.trace.model import TraceModel
-from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name
+from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name, valid_world
 
 _TRACE_FILE = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
 _NOT_TRACES = re.compile(
@@ -70,6 +71,7 @@ class Summary:
 
     path: str
     trace: str | None = None
+    sha256: str | None = None  # the digest run.json records for it (what `overlapcheck run` wrote), if any
 
 
 @dataclass
@@ -180,13 +182,28 @@ def _scan_folder(folder: str, found: Inputs) -> None:
             trace_of_rank[rank] = path  # the rank's own summary stands for it
             continue
         found.traces.append(path)
+    digests = _summary_digests(found.run) if os.path.join(folder, "run.json") in found.documents else {}
     for rank, name in summaries.items():
-        found.summaries.append(Summary(os.path.join(folder, name), trace_of_rank.get(rank)))
+        found.summaries.append(Summary(os.path.join(folder, name), trace_of_rank.get(rank), digests.get(rank)))
     if not traces and not summaries:
         skipped = (
             f" (only overlapcheck's own outputs: {', '.join(os.path.basename(p) for p in own[:3])})" if own else ""
         )
         raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}{_below(folder, names)}", folder)
+
+
+def _summary_digests(run: dict[str, Any] | None) -> dict[int, str]:
+    """rank -> the sha256 of the summary `overlapcheck run` wrote for it, as run.json records it (runs of
+    overlapcheck 0.x before the digest, and hand-written run.json files, record none)."""
+    out: dict[int, str] = {}
+    entries = (run or {}).get("ranks")
+    for entry in entries if isinstance(entries, list) else []:
+        summary = entry.get("summary") if isinstance(entry, dict) else None
+        digest = summary.get("sha256") if isinstance(summary, dict) else None
+        rank = entry.get("rank") if isinstance(entry, dict) else None
+        if isinstance(digest, str) and isinstance(rank, int) and not isinstance(rank, bool):
+            out[rank] = digest
+    return out
 
 
 def _trace_name(name: str) -> bool:
@@ -416,8 +433,15 @@ def _worker(
 
 def read_summary(summary: Summary) -> Outcome:
     """The ranks a per-rank summary holds (its findings are that rank's own)."""
+    what = "an overlapcheck summary"
     try:
-        report = Report.from_dict(read_json_file(summary.path, "an overlapcheck summary"), summary.path)
+        data = read_bytes(summary.path, what)
+        if summary.sha256 is not None and hashlib.sha256(data).hexdigest() != summary.sha256:
+            raise UserError(
+                "not the summary this run wrote (run.json records another sha256): another job's, or edited?",
+                summary.path,
+            )
+        report = Report.from_dict(json_document(data, summary.path, what), summary.path)
     except UserError as exc:
         return summary.path, [], str(exc)
     named = _SUMMARY.match(os.path.basename(summary.path))
@@ -606,10 +630,6 @@ def _host_notes(ranks: list[RankMetrics], hosts: dict[int, str]) -> list[str]:
     return [f"run.json and the traces disagree on hosts ({shown}{more}): are the traces of the run that wrote it?"]
 
 
-def _world(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RANK + 1 else None
-
-
 def _files(sources: list[str]) -> str:
     names = [os.path.basename(s) for s in sorted(sources)]
     return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
@@ -620,12 +640,12 @@ def check_one_job(results: list[RankResult], run: dict[str, Any] | None) -> None
     one), and, with several ranks, every rank below it. Each job's own analysis is what the user needs then."""
     worlds: dict[int, list[str]] = {}
     for r in results:
-        if (w := _world(r.metrics.world_size)) is not None:
+        if (w := valid_world(r.metrics.world_size)) is not None:
             worlds.setdefault(w, []).append(r.metrics.source)
     if len(worlds) > 1:
         parts = "; ".join(f"world size {w} in {_files(sources)}" for w, sources in sorted(worlds.items()))
         raise UserError(f"these traces are of more than one job ({parts}): analyze each job's traces on their own")
-    stated = _world((run or {}).get("world_size"))
+    stated = valid_world((run or {}).get("world_size"))
     if worlds and stated is not None and stated not in worlds:
         (w,) = worlds
         raise UserError(f"run.json says world size {stated}, the traces say {w}: are they of the run that wrote it?")

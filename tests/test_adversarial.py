@@ -257,8 +257,8 @@ def _rank_cases() -> Iterator[Case]:
         yield file_case(f"rank-{name}", data, name="rank3.json", expect="ok", note="not a rank number")
     yield file_case("rank-equals-world", doc_bytes(rank=2, world=2), expect="ok", note="not below its world_size")
     yield file_case("rank-above-world", doc_bytes(rank=70, world=8), expect="ok", note="not below its world_size")
-    for world in (0, -1, "x", 2**70):
-        yield file_case(f"world-{str(world)[:6]}", doc_bytes(rank=0, world=world), expect="ok")
+    for world in (0, -1, "x", 2**70, True, 1.5, None, [8]):  # each was taken silently (a world size of -1, True)
+        yield file_case(f"world-{str(world)[:6]}", doc_bytes(rank=0, world=world), expect="ok", note="not a world size")
     yield file_case("rank-in-name-huge", doc_bytes(rank=None), name=f"rank{'9' * 200}.json", expect="ok")
     yield file_case("distributed-info-a-list", doc_bytes(rank=None, distributedInfo=[1, 2]), expect="ok")
 
@@ -1078,7 +1078,8 @@ def test_force_never_replaces_a_jobs_input_that_this_command_does_not_read(tmp_p
         victim.write_text('{"train_micro_batch_size_per_gpu": 4}\n')
     before = victim.read_bytes()
     r = builders.run_cli("analyze", str(sample), "-j", "1", "--format", "json", "-o", str(victim), "--force")
-    assert r.returncode == 2 and "never replaced" in r.stderr and "Traceback" not in r.stderr
+    refused = "never replaced" in r.stderr or "choose another name" in r.stderr  # by what it holds, or its name
+    assert r.returncode == 2 and refused and "Traceback" not in r.stderr
     assert victim.read_bytes() == before
 
 
@@ -1454,8 +1455,9 @@ def test_a_report_written_as_ds_config_json_is_not_read_as_the_config(tmp_path: 
     """`analyze DIR -o DIR/ds_config.json --format json`: the next analysis of DIR must not read its own report
     as the job's DeepSpeed config (its keys would silently stand for none of the config's)."""
     folder = job_folder(tmp_path / "job")
-    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(folder / "ds_config.json"))
+    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(tmp_path / "r.json"))
     assert code == 0, stderr
+    shutil.copy(tmp_path / "r.json", folder / "ds_config.json")  # `-o DIR/ds_config.json` is refused (below); cp is not
     report = overlapcheck.analyze(folder, jobs=1)
     assert any("overlapcheck document" in n and "ignored" in n for n in report.notes or []), report.notes
 
@@ -1756,3 +1758,113 @@ def test_api_text_of_a_report_without_ranks_or_errors_says_nothing_was_measured(
 
     report = dataclasses.replace(make_report(), ranks=[], findings=[], errors=[], summary=summarize([]))
     assert "0 rank(s): no communication to measure" in renderer("text").render(report)
+
+
+# ---- round 5: the leftovers of round 2 -----------------------------------------------------------------------
+
+
+def _digests_in_run_json(run: Path) -> None:
+    """run.json as `overlapcheck run` writes it: each rank's summary with the sha256 of its file."""
+    import hashlib
+
+    ranks = [{"rank": r, "summary": {"status": "ok", "file": f"rank{r}.summary.json",
+                                     "sha256": hashlib.sha256((run / f"rank{r}.summary.json").read_bytes()).hexdigest()}}
+             for r in range(2)]  # fmt: skip
+    (run / "run.json").write_text(json.dumps({"world_size": 2, "ranks": ranks}))
+
+
+@pytest.mark.parametrize("traces", [True, False], ids=["with-traces", "summaries-only"])
+def test_another_jobs_summary_in_a_run_folder_is_not_taken_for_this_ones(tmp_path: Path, traces: bool) -> None:
+    # was: a rank1.summary.json copied from another job of the same world size was reported as this run's rank 1
+    run = _run_with_summaries(tmp_path / "run", lambda r, doc: doc, traces=traces)
+    _digests_in_run_json(run)
+    other = _run_with_summaries(tmp_path / "other", _another_jobs_numbers)
+    shutil.copy(other / "rank1.summary.json", run / "rank1.summary.json")
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    if traces:
+        assert code == 0, stderr
+        ranks = json.loads(stdout)["ranks"]
+        assert [r["collectives"]["all"]["overlap"] for r in ranks] == [0.5, 0.5]  # rank 1 as its own trace says
+        assert any("rank1.summary.json was not used" in n and "not the summary this run wrote" in n
+                   for n in ranks[1]["notes"]), ranks[1]["notes"]  # fmt: skip
+    else:
+        assert code == 2 and "rank1.summary.json: not the summary this run wrote" in stderr, stderr
+
+
+def _another_jobs_numbers(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["collectives"]["all"]["overlap"] = 0.99  # another job's number, plausible on its face
+    return doc
+
+
+def test_the_run_folders_own_summaries_pass_the_digest(tmp_path: Path) -> None:
+    run = _run_with_summaries(tmp_path / "run", lambda r, doc: doc, traces=False)
+    _digests_in_run_json(run)
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    assert code == 0 and len(json.loads(stdout)["ranks"]) == 2, stderr
+
+
+def test_the_summary_process_records_the_digest_of_what_it_wrote(tmp_path: Path) -> None:
+    import hashlib
+
+    from overlapcheck.capture.summary import write_summary
+
+    trace = tmp_path / "rank0.json"
+    trace.write_bytes(doc_bytes(rank=0, world=2))
+    out, status = tmp_path / "rank0.summary.json", tmp_path / "status.json"
+    assert write_summary(str(trace), str(out), str(status))
+    assert json.loads(status.read_text())["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("where", ["evidence", "run"])
+@pytest.mark.parametrize("command", ["gate", "compare"])
+def test_a_nan_in_a_reports_free_form_fields_is_malformed(tmp_path: Path, where: str, command: str) -> None:
+    # was: NaN in a finding's evidence (or in run) was read, and shown as "nan" by every renderer
+    from builders import make_report
+
+    doc = make_report().to_dict()
+    assert doc["findings"], "the builder's report has findings"
+    if where == "evidence":
+        doc["findings"][0]["evidence"]["bytes"] = float("nan")
+    else:
+        doc["run"] = {"world_size": 2, "launches": [{"seconds": float("inf")}]}
+    (tmp_path / "r.json").write_text(json.dumps(doc))  # json writes NaN / Infinity, as an editor might
+    args = (
+        ["gate", str(tmp_path / "r.json"), "--min-overlap", "all=0.1"]
+        if command == "gate"
+        else ["compare", *[str(tmp_path / "r.json")] * 2]
+    )
+    code, _, stderr = cli(*args)
+    assert code == 2 and "not a finite number" in stderr, stderr
+
+
+def test_perfetto_of_summaries_without_traces_says_so_in_the_clis_words_and_writes_nothing(tmp_path: Path) -> None:
+    # was: "analyze with timelines=True (the CLI's --perfetto does)", the API's flag, after -o was written
+    run = _run_with_summaries(tmp_path / "run", lambda r, doc: doc, traces=False)
+    out, timeline = tmp_path / "r.json", tmp_path / "t.json.gz"
+    code, _, stderr = cli(
+        "report", str(run), "-j", "1", "-o", str(out), "--format", "json", "--perfetto", str(timeline)
+    )
+    assert code == 2 and "--perfetto: no rank has events" in stderr and "timelines=True" not in stderr, stderr
+    assert not out.exists() and not timeline.exists()
+
+
+def test_perfetto_of_unreadable_inputs_lists_each_inputs_error(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "rank0.json").write_text("{")
+    code, _, stderr = cli("analyze", str(tmp_path / "job"), "--perfetto", str(tmp_path / "t.json"))
+    assert code == 2 and "rank0.json: " in stderr and "no ranks" not in stderr, stderr
+
+
+@pytest.mark.parametrize("name", ["rank2.summary.json", "run.json", "ds_config.json", "model.json", "truth.json"])
+@pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
+def test_an_output_is_never_named_as_a_document_its_folder_is_read_for(tmp_path: Path, name: str, option: str) -> None:
+    # was: `report RUN -o RUN/rank2.summary.json` was written, and every later `report RUN` failed on it
+    run = _run_with_summaries(tmp_path / "run", lambda r, doc: doc)
+    target = run / name
+    existed = target.exists()
+    before = target.read_bytes() if existed else None
+    code, _, stderr = cli("report", str(run), "-j", "1", option, str(target))
+    assert code == 2 and ("choose another name" in stderr or existed and "is also an input" in stderr), stderr
+    assert (target.read_bytes() if target.exists() else None) == before
+    code, _, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    assert code == 0, stderr

@@ -184,6 +184,7 @@ def test_baseline_default_tolerance_is_10_percent():
     # every collective kind of the baseline is checked by default, not only `all`
     assert [c.id for c in checks] == [
         "inputs",
+        "baseline-world-size",
         "exposed-regression.all",
         "exposed-regression.reduce_scatter",
         "exposed-regression.all_gather",
@@ -247,11 +248,12 @@ def test_junit_has_one_case_per_check_and_failures():
         "min-overlap.all",
         "min-overlap.reduce_scatter",
         "max-exposed-share",
+        "baseline-world-size",
         "exposed-regression.all",
     ]
     failed = {c.get("name") for c in cases if c.find("failure") is not None}
     assert failed == {"min-overlap.all", "min-overlap.reduce_scatter", "exposed-regression.all"}
-    assert suite.get("tests") == "5" and suite.get("failures") == "3"
+    assert suite.get("tests") == "6" and suite.get("failures") == "3"
     assert "50.0%" in cases[1].find("failure").get("message")
 
 
@@ -265,10 +267,10 @@ def test_junit_escapes_strings():
 def test_markdown_summary_table():
     md = render_gate_markdown(_mixed_checks(), "out/report.json", "base|line.json")
     lines = md.splitlines()
-    assert lines[0] == "### ❌ overlapcheck gate failed: 3 of 5 checks"
+    assert lines[0] == "### ❌ overlapcheck gate failed: 3 of 6 checks"
     assert "baseline `base|line.json`" in md
     rows = [ln for ln in lines if ln.startswith("| ✅") or ln.startswith("| ❌")]
-    assert len(rows) == 5
+    assert len(rows) == 6
     assert all(ln.replace("\\|", "").count("|") == 6 for ln in rows)
     assert rows[0].startswith("| ✅ | inputs read")
     ok = render_gate_markdown(run_checks(make_report(1), GateConfig(max_exposed_share=1.0)), "r.json")
@@ -303,3 +305,16 @@ def test_communication_the_baseline_had_and_the_report_lost_fails():
     assert by_id(run_checks(base, GateConfig(max_overlap_drop={"all_to_all": 0.0}), baseline=base))[
         "overlap-drop.all_to_all"
     ].passed
+
+
+def test_a_baseline_of_another_world_size_fails_its_own_check():
+    # was: a baseline of 8 ranks gating a report of 2 passed, with only "rank count differs" in a detail line
+    def sized(n: int) -> Report:
+        report = make_report(n, overlaps=[0.8] * n)
+        return dataclasses.replace(report, ranks=[dataclasses.replace(r, world_size=n) for r in report.ranks])
+
+    base, cur = sized(8), sized(2)
+    checks = by_id(run_checks(cur, GateConfig(), baseline=base))
+    same = checks["baseline-world-size"]
+    assert not same.passed and (same.measured, same.limit) == ("2 ranks", "8 ranks") and "another job" in same.detail
+    assert by_id(run_checks(base, GateConfig(), baseline=base))["baseline-world-size"].passed

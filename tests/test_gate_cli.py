@@ -68,9 +68,10 @@ def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
     cases = ET.parse(junit).getroot().findall("testsuite/testcase")
     assert [(c.get("name"), c.find("failure") is not None) for c in cases] == [
         ("inputs", False),
+        ("baseline-world-size", False),
         ("exposed-regression.all", True),
     ]
-    assert md.read_text().startswith("### ❌ overlapcheck gate failed: 1 of 2 checks")
+    assert md.read_text().startswith("### ❌ overlapcheck gate failed: 1 of 3 checks")
     assert summary.read_text() == md.read_text()
 
 
@@ -78,8 +79,8 @@ def test_baseline_unchanged_passes(write):
     base = write("base.json", report_doc(4))
     result = gate(base, "--baseline", base)
     assert result.exit_code == 0
-    # inputs, then exposed regression and overlap drop of all, reduce-scatter and all-gather
-    assert "gate: PASS (7 checks)" in result.output
+    # inputs, the world size, then exposed regression and overlap drop of all, reduce-scatter and all-gather
+    assert "gate: PASS (8 checks)" in result.output
 
 
 def test_overlap_drop_exit_1(write):

@@ -41,9 +41,9 @@ def test_config_regression_fails(baseline, tmp_path):
     junit = tmp_path / "gate.xml"
     result = gate(worse, "--baseline", baseline, "--junit", str(junit))
     assert result.exit_code == 1, result.output
-    # every kind of the baseline is checked: inputs + (all, reduce-scatter, all-gather, all-reduce) x 2; the
-    # deferred reduce-scatter fails both of its own checks and both of `all`, all-gather and all-reduce pass
-    assert "gate: FAIL (4 of 9 checks failed)" in result.output
+    # every kind of the baseline is checked: inputs, world size + (all, reduce-scatter, all-gather, all-reduce) x 2;
+    # the deferred reduce-scatter fails both of its own checks and both of `all`, all-gather and all-reduce pass
+    assert "gate: FAIL (4 of 10 checks failed)" in result.output
     xml = junit.read_text()
     assert xml.count("<failure") == 4
     for check in ("exposed-regression.all", "overlap-drop.all", "exposed-regression.reduce_scatter"):

@@ -31,6 +31,7 @@ from overlapcheck.model import (
 )
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.model import TraceModel
+from overlapcheck.trace.reader import world_of
 
 GB = 1e9  # GB/s = 1e9 bytes per second, as nccl-tests prints it
 DTYPE_BYTES = {
@@ -96,7 +97,7 @@ def group_sizes(model: TraceModel) -> np.ndarray:
             i = model.name_index(str(entry.get("pg_name")))
             if i >= 0:
                 by_pg[i] = entry["pg_size"]
-    world = _count(info.get("world_size"))
+    world = world_of(model) or -1
     out = g.group.astype(np.int64).copy()
     missing = out <= 0
     if missing.any():

@@ -23,7 +23,7 @@ from overlapcheck.model import (
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.launch import FROM_OP, KIND_FROM, op_collective
 from overlapcheck.trace.model import RECORD_PARAM_COMMS, TraceModel
-from overlapcheck.trace.reader import rank_of
+from overlapcheck.trace.reader import rank_of, world_of
 
 NOISE_US = 1e-6
 
@@ -98,7 +98,7 @@ def analyze_model(model: TraceModel, acts: Activities | None = None) -> RankMetr
     return RankMetrics(
         rank=rank_of(model),
         source=model.source,
-        world_size=info.get("world_size") if isinstance(info.get("world_size"), int) else None,
+        world_size=world_of(model),
         backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
         host=host if isinstance(host, str) else None,
         lanes=acts.lanes,

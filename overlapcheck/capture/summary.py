@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -48,8 +49,14 @@ def write_summary(trace: str, out: str, status: str, rank_status: str | None = N
         config = (read_json(rank_status) or {}).get("ds_config") if rank_status else None
         from overlapcheck.report.json import JsonRenderer
 
-        atomic_write_bytes(out, JsonRenderer(digits=None).render(summarize(trace, config)).encode())
-        result: dict[str, Any] = {"status": "ok", "file": os.path.basename(out)}
+        data = JsonRenderer(digits=None).render(summarize(trace, config)).encode()
+        atomic_write_bytes(out, data)
+        # run.json records the digest: `overlapcheck report` then never takes another job's summary for this one
+        result: dict[str, Any] = {
+            "status": "ok",
+            "file": os.path.basename(out),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
     except Exception as exc:  # noqa: BLE001 - recorded in run.json instead
         result = {"status": "failed", "error": one_line(exc)}
     result["seconds"] = round(time.perf_counter() - started, 3)

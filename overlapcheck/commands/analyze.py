@@ -151,6 +151,7 @@ def run_report(
     if perfetto_path and any(s.trace is not None for s in inputs.summaries):
         click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
     report = _with_progress(inputs, job, options, jobs, scheduler)
+    timeline = _perfetto(report, perfetto_path) if perfetto_path else None  # before any output is written
     if output:
         atomic_write(output, _text(renderer(fmt), report), force)
     elif fmt == "text":
@@ -160,10 +161,8 @@ def run_report(
         stdout_console(shown).print(*shown)
     else:
         sys.stdout.writelines(_text(renderer(fmt), report))
-    if perfetto_path:
-        from overlapcheck.report.perfetto import PerfettoRenderer
-
-        atomic_write(perfetto_path, PerfettoRenderer.for_path(perfetto_path).render(report), force)
+    if perfetto_path and timeline is not None:
+        atomic_write(perfetto_path, timeline, force)
         missing = [r.rank for r in report.ranks if r.rank not in report.timelines]
         click.echo(f"Perfetto trace: {perfetto_path} (open it in https://ui.perfetto.dev)", err=True)
         if missing:
@@ -190,6 +189,19 @@ def run_report(
         for err in report.errors:
             click.echo(f"overlapcheck: error: {safe_line(err.error)}", err=True)
         sys.exit(2)
+
+
+def _perfetto(report: Any, path: str) -> str | bytes | None:
+    """The Perfetto file's content, or the UserError that says, in the CLI's words, why there is none; None when
+    no input could be read (the errors say why)."""
+    from overlapcheck.errors import UserError
+    from overlapcheck.report.perfetto import PerfettoRenderer
+
+    if not report.ranks and report.errors:
+        return None
+    if report.ranks and not report.timelines:
+        raise UserError("--perfetto: no rank has events to export: each was read from a summary without its trace")
+    return PerfettoRenderer.for_path(path).render(report)
 
 
 def _text(render: Any, report: Any) -> Any:
@@ -228,9 +240,29 @@ def check_outputs(targets: list[str], force: bool, inputs: list[str] | None = No
         keys = _identities(target)
         if clash := next((seen[k] for k in keys if k in seen), None):
             raise UserError(f"is also {clash}: give each output its own file", target)
+        if (named := _documents_name(target)) is not None:
+            raise UserError(
+                f"is named as {named}, which reading its folder would take it for: choose another name", target
+            )
         check_target(target, force)
         for key in keys:
             seen[key] = "another output"
+
+
+def _documents_name(path: str) -> str | None:
+    """What reading a folder takes a file of this name for ("a job's run.json", "rank 2's summary"), if any: an
+    output so named, even a new one, would be read back as it (`report RUN` then failed on a 16-rank summary)."""
+    import os
+    import re
+
+    from overlapcheck.fsutil import PROTECTED_NAMES
+
+    name = os.path.basename(path)
+    if name in PROTECTED_NAMES:
+        return f"a job's {name}"
+    if m := re.fullmatch(r"rank(\d+)\.summary\.json", name):
+        return f"rank {int(m.group(1))}'s summary"
+    return None
 
 
 def check_appendable(path: str, what: str, inputs: list[str]) -> None:

@@ -65,18 +65,32 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def valid_world(value: Any) -> int | None:
+    """`value` as a world size (an int, 1 <= size <= MAX_RANK + 1), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RANK + 1 else None
+
+
+def world_of(model: TraceModel) -> int | None:
+    """`distributedInfo.world_size` when it is a world size, else None (`rank_notes` says why)."""
+    return valid_world(model.distributed.get("world_size"))
+
+
 def rank_notes(model: TraceModel) -> list[str]:
-    """Notes on a `distributedInfo.rank` that is not a rank, or not below `world_size`."""
+    """Notes on a `distributedInfo.rank` that is not a rank, a `world_size` that is not a world size, or a rank
+    not below the world size."""
     info = model.distributed
+    notes = []
+    world = world_of(model)
+    if "world_size" in info and world is None:
+        notes.append(f"distributedInfo.world_size {_shown(info['world_size'])} is not a world size: ignored")
     if "rank" not in info:
-        return []
+        return notes
     rank = _valid_rank(info["rank"])
     if rank is None:
-        return [f"distributedInfo.rank {_shown(info['rank'])} is not a rank number: ignored"]
-    world = info.get("world_size")
-    if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= rank:
-        return [f"distributedInfo.rank {rank} is not below its world_size {world}"]
-    return []
+        return [*notes, f"distributedInfo.rank {_shown(info['rank'])} is not a rank number: ignored"]
+    if world is not None and world <= rank:
+        notes.append(f"distributedInfo.rank {rank} is not below its world_size {world}")
+    return notes
 
 
 def rank_from_name(path: str) -> int | None:
