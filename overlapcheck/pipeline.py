@@ -136,7 +136,35 @@ def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> Inputs:
     _drop_repeats(found)
     for path in found.traces + [s.path for s in found.summaries]:
         found.sizes[path] = file_size(path)  # 0 when unreadable: reading it reports the problem
+    found.notes.extend(_resized_traces(found))
     return found
+
+
+def _resized_traces(found: Inputs) -> list[str]:
+    """A note when traces of a run folder are not the size run.json records for them (`capture.trace_bytes`):
+    traces of another job, or of a rerun, copied over the run's."""
+    run_json = next((d for d in found.documents if os.path.basename(d) == "run.json"), None)
+    entries = (found.run or {}).get("ranks")
+    if run_json is None or not isinstance(entries, list):
+        return []
+    folder = os.path.dirname(run_json)
+    recorded: dict[str, int] = {}
+    for entry in entries:
+        capture = entry.get("capture") if isinstance(entry, dict) else None
+        trace, size = (capture.get("trace"), capture.get("trace_bytes")) if isinstance(capture, dict) else (None, None)
+        if isinstance(trace, str) and isinstance(size, int) and not isinstance(size, bool):
+            recorded[os.path.normpath(os.path.join(folder, trace))] = size
+    paths = found.traces + [s.trace for s in found.summaries if s.trace is not None]
+    moved = [
+        (p, recorded[key], file_size(p))
+        for p in paths
+        if (key := os.path.normpath(p)) in recorded and file_size(p) != recorded[key]
+    ]
+    if not moved:
+        return []
+    shown = "; ".join(f"{os.path.basename(p)}: {was:,} bytes in run.json, {now:,} now" for p, was, now in moved[:3])
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return [f"traces differ from what run.json records ({shown}{more}): are they of the run that wrote it?"]
 
 
 def _drop_repeats(found: Inputs) -> None:

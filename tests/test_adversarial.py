@@ -1868,3 +1868,18 @@ def test_an_output_is_never_named_as_a_document_its_folder_is_read_for(tmp_path:
     assert (target.read_bytes() if target.exists() else None) == before
     code, _, stderr = cli("report", str(run), "-j", "1", "--format", "json")
     assert code == 0, stderr
+
+
+def test_a_trace_of_another_size_than_run_json_records_is_said(tmp_path: Path) -> None:
+    # was: a run folder's traces/ could hold another job's trace of the same world size, read without a word
+    run = _run_with_summaries(tmp_path / "run", lambda r, doc: doc)
+    for r in range(2):
+        (run / f"rank{r}.summary.json").unlink()
+    sizes = {r: (run / "traces" / f"rank{r}.json").stat().st_size for r in range(2)}
+    ranks = [{"rank": r, "capture": {"trace": f"traces/rank{r}.json", "trace_bytes": sizes[r]}} for r in range(2)]
+    (run / "run.json").write_text(json.dumps({"world_size": 2, "ranks": ranks}))
+    assert not any("run.json records" in n for n in overlapcheck.analyze(run, jobs=1).notes or [])
+    (run / "traces" / "rank1.json").write_bytes(doc_bytes(rank=1, world=2) + b"\n" * 7)  # another job's, as said
+    notes = overlapcheck.analyze(run, jobs=1).notes or []
+    said = [n for n in notes if "traces differ from what run.json records" in n]
+    assert said and f"rank1.json: {sizes[1]:,} bytes in run.json, {sizes[1] + 7:,} now" in said[0], notes

@@ -7,6 +7,7 @@ Every job has a timeout. The first deepspeed launch in a fresh environment JIT-b
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -112,6 +113,9 @@ def _assert_captured(out: Path, command: list[str], launcher: str) -> dict[str, 
         assert rank["capture"]["status"] == "ok", rank
         assert rank["capture"]["trace"] == f"traces/rank{rank['rank']}.pt.trace.json.gz"
         assert rank["summary"]["status"] == "ok", rank
+        summary = (out / rank["summary"]["file"]).read_bytes()  # what `report` checks the summary against
+        assert rank["summary"]["sha256"] == hashlib.sha256(summary).hexdigest(), rank
+        assert rank["capture"]["trace_bytes"] == (out / rank["capture"]["trace"]).stat().st_size, rank
         assert rank["driver"] == "deepspeed"
     assert [r["rank"] for r in run["ranks"]] == [0, 1] and run["missing_ranks"] == []
     return run
@@ -123,6 +127,8 @@ def _assert_report_sees_zero3_collectives(out: Path) -> None:
 
     report = analyze(out, jobs=1)
     assert report.errors == []
+    assert not any("run.json records" in n for n in report.notes or []), report.notes  # its own files pass
+    assert all("was not used" not in n for r in report.ranks for n in r.notes), [r.notes for r in report.ranks]
     assert [r.rank for r in report.ranks] == [0, 1]
     for rank in report.ranks:
         assert rank.lanes == "cpu"
