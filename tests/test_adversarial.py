@@ -1883,3 +1883,25 @@ def test_a_trace_of_another_size_than_run_json_records_is_said(tmp_path: Path) -
     notes = overlapcheck.analyze(run, jobs=1).notes or []
     said = [n for n in notes if "traces differ from what run.json records" in n]
     assert said and f"rank1.json: {sizes[1]:,} bytes in run.json, {sizes[1] + 7:,} now" in said[0], notes
+
+
+# ---- round 3 (r3-main): what the third hostile round found ------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["ff[/]", "[red]mlp", "[link=x]h"])
+def test_module_names_with_brackets_are_shown_as_written_never_as_markup(tmp_path: Path, module: str) -> None:
+    # was: a model's `nn.ModuleDict({"ff[/]": ...})` made the text report raise rich's MarkupError (exit 1)
+    from builders import frame, launch, step, write_trace
+
+    events = [
+        step(1, 0, 1000),
+        frame("nn.Module: Net_0", 20, 800),
+        frame(f"nn.Module: {module}", 100, 100),
+        launch(110, corr=1),
+        kernel("ncclDevKernel_AllGather_RING_LL", 200, 100, stream=20),
+        builders.kernel(GEMM, 250, 100, 7),
+    ]
+    trace = write_trace(tmp_path, "rank0.json.gz", events, world_size=1)
+    code, stdout, stderr = cli("analyze", str(trace), "-j", "1")
+    assert code == 0 and "Traceback" not in stderr, stderr
+    assert f"Net_0.{module}" in stdout, stdout

@@ -103,6 +103,12 @@ class TerminalRenderer:
         return [Group(r) if isinstance(r, Text) else r for r in out]
 
 
+def _cell(value: str) -> Text:
+    """A table cell or caption as plain text: rich reads a str as markup, and a module, host or kernel name from
+    a trace may hold brackets (`ff[/]` raised MarkupError; `[red]` would have been drawn red)."""
+    return Text(value)
+
+
 def _overlap_text(value: float | None) -> Text:
     if value is None:
         return Text("n/a", style="dim")
@@ -121,10 +127,10 @@ def _collective_table(report: Report) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col == "collective" else "right")
     for row in P.kind_rows(report):
-        cells: list[RenderableType] = [P.kind_cells(row)[col] for col in columns]
+        cells: list[RenderableType] = [_cell(P.kind_cells(row)[col]) for col in columns]
         cells[columns.index("overlap")] = _overlap_text(row.overlap)
         table.add_row(*cells, style="bold" if row.kind == ALL else None)
-    table.caption = P.kind_caption(report)
+    table.caption = _cell(P.kind_caption(report))
     return table
 
 
@@ -146,9 +152,9 @@ def _rank_table(report: Report) -> Table:
             str(r.rank),
             _overlap_text(c[ALL].overlap),
             *(_overlap_text(c[k].overlap) for k in kinds),
-            *(cells[col] for col in P.RANK_COLUMNS[1:]),
+            *(_cell(cells[col]) for col in P.RANK_COLUMNS[1:]),
         )
-    table.caption = P.RANK_CAPTION
+    table.caption = _cell(P.RANK_CAPTION)
     return table
 
 
@@ -160,8 +166,9 @@ def _module_table(report: Report) -> Table | None:
     for col in P.MODULE_COLUMNS:
         table.add_column(col, justify="left" if col in ("module", "collective", "phase", "from") else "right")
     for row in rows:
-        table.add_row(*(row[col] for col in P.MODULE_COLUMNS))
-    table.caption = P.module_caption(report)
+        table.add_row(*(_cell(row[col]) for col in P.MODULE_COLUMNS))  # module names are the model's: not markup
+    caption = P.module_caption(report)
+    table.caption = _cell(caption) if caption else None
     return table
 
 
