@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable
@@ -192,6 +193,17 @@ def _output_target(path: str, force: bool) -> str:
 # what --force never replaces: the job's own documents, by name, and profiler traces, by what they hold
 PROTECTED_NAMES = ("ds_config.json", "run.json", "truth.json", "model.json", ".summary.json")
 _KINETO_MARKS = (b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"', b'"traceName"')
+_TRACE_MARKS = (b'"traceEvents"', b'"ph"')  # any Chrome trace: torch 1.8's bare event list, metadata-first ones
+
+# the first bytes of what overlapcheck writes as JSON: a report, a comparison, a Perfetto export (metadata first)
+_OWN_HEAD = re.compile(
+    rb'^\s*\{\s*"(?:schema"\s*:\s*"overlapcheck\.|metadata"\s*:\s*\{\s*"generator"\s*:\s*"overlapcheck )'
+)
+
+
+def is_own_json(head: bytes) -> bool:
+    """Whether the first bytes of a JSON document are those of one of overlapcheck's own outputs."""
+    return _OWN_HEAD.match(head) is not None
 
 
 def _never_replaced(target: str, path: str) -> None:
@@ -216,7 +228,10 @@ def _never_replaced(target: str, path: str) -> None:
                 head = _gunzip_head(head)
     except OSError:
         return
-    if any(mark in head for mark in _KINETO_MARKS):
+    if is_own_json(head):
+        return  # a report, comparison or Perfetto file of an earlier run: what --force is for
+    json_like = head.lstrip()[:1] in (b"{", b"[")
+    if any(mark in head for mark in _KINETO_MARKS) or (json_like and any(m in head for m in _TRACE_MARKS)):
         raise UserError("is a profiler trace (an input of overlapcheck), never replaced, even with --force", path)
 
 

@@ -39,7 +39,7 @@ from overlapcheck.diagnose.facts.job import JobFacts
 from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
 from overlapcheck.executors import Outcome, executor
-from overlapcheck.fsutil import file_size, json_document, not_a_file, read_bytes, read_json_file
+from overlapcheck.fsutil import file_size, is_own_json, json_document, not_a_file, read_bytes, read_json_file
 from overlapcheck.job import JobContext, Network
 from overlapcheck.model import (
     Blame,
@@ -256,12 +256,6 @@ def _below(folder: str, names: list[str]) -> str:
     return f"; {', '.join(held)}: give that folder" if held else ""
 
 
-# the first bytes of what overlapcheck writes as JSON: a report, a comparison, a Perfetto export (metadata first)
-_OWN_HEAD = re.compile(
-    rb'^\s*\{\s*"(?:schema"\s*:\s*"overlapcheck\.|metadata"\s*:\s*\{\s*"generator"\s*:\s*"overlapcheck )'
-)
-
-
 def _own_output(path: str) -> bool:
     """Whether the .json / .json.gz file `path` in a folder of traces is one of overlapcheck's own outputs (a
     report, a comparison, a Perfetto export written beside the traces), which scanning the folder skips: read
@@ -276,7 +270,7 @@ def _own_output(path: str) -> bool:
             head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 512)
     except (OSError, zlib.error):
         return False  # reading it as a trace says what is wrong
-    return _OWN_HEAD.match(head) is not None
+    return is_own_json(head)
 
 
 DOCUMENTS = {"run.json": "run", "ds_config.json": "ds_config", "model.json": "model"}

@@ -1905,3 +1905,40 @@ def test_module_names_with_brackets_are_shown_as_written_never_as_markup(tmp_pat
     code, stdout, stderr = cli("analyze", str(trace), "-j", "1")
     assert code == 0 and "Traceback" not in stderr, stderr
     assert f"Net_0.{module}" in stdout, stdout
+
+
+def _bare_list_trace() -> bytes:  # torch 1.8: no top-level object, no Kineto keys
+    return json.dumps(good_events()).encode()
+
+
+def _metadata_first_trace() -> bytes:  # a TraceLens-style export: other keys first, then traceEvents
+    return json.dumps({"otherData": {"tool": "x"}, "traceEvents": good_events()}).encode()
+
+
+@pytest.mark.parametrize("make", [_bare_list_trace, _metadata_first_trace], ids=["bare-list", "metadata-first"])
+@pytest.mark.parametrize("gz", [False, True], ids=["json", "gz"])
+@pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
+def test_force_never_replaces_a_trace_without_kinetos_keys(
+    tmp_path: Path, make: Callable[[], bytes], gz: bool, option: str
+) -> None:
+    # was: `-o worker0.pt.trace.json.gz --force` replaced torch 1.8's trace (its head has none of Kineto's keys)
+    data = gzip.compress(make()) if gz else make()
+    victim = tmp_path / ("worker0.pt.trace.json" + (".gz" if gz else ""))
+    victim.write_bytes(data)
+    assert overlapcheck.analyze(victim, jobs=1).ranks  # a trace overlapcheck reads
+    extra = ["--format", "json"] if option == "-o" else []
+    code, _, stderr = cli(
+        "analyze", str(job_folder(tmp_path / "job")), "-j", "1", *extra, option, str(victim), "--force"
+    )
+    assert code == 2 and "is a profiler trace" in stderr, stderr
+    assert victim.read_bytes() == data
+
+
+@pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
+def test_force_still_replaces_each_of_its_own_outputs(tmp_path: Path, option: str) -> None:
+    folder = job_folder(tmp_path / "job")
+    target = tmp_path / ("out.json" if option != "--html" else "out.html")
+    extra = ["--format", "json"] if option == "-o" else []
+    for _ in range(2):
+        code, _, stderr = cli("analyze", str(folder), "-j", "1", *extra, option, str(target), "--force")
+        assert code == 0, stderr
