@@ -1942,3 +1942,17 @@ def test_force_still_replaces_each_of_its_own_outputs(tmp_path: Path, option: st
     for _ in range(2):
         code, _, stderr = cli("analyze", str(folder), "-j", "1", *extra, option, str(target), "--force")
         assert code == 0, stderr
+
+
+@pytest.mark.parametrize("option", ["--junit", "--markdown"])
+def test_the_step_summary_is_never_also_an_output(tmp_path: Path, option: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # was: GITHUB_STEP_SUMMARY=S gate r.json --junit S --force replaced the earlier steps' summary by the XML,
+    # then appended the Markdown to it
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    summary = tmp_path / "summary.md"
+    summary.write_text("## Earlier CI step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, _, stderr = cli("gate", str(tmp_path / "r.json"), "--min-overlap", "all=0.1", option, str(summary), "--force")
+    assert code == 2 and "is also an output of this command" in stderr, stderr
+    assert summary.read_text() == "## Earlier CI step\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -265,10 +265,11 @@ def _documents_name(path: str) -> str | None:
     return None
 
 
-def check_appendable(path: str, what: str, inputs: list[str]) -> None:
+def check_appendable(path: str, what: str, inputs: list[str], outputs: Sequence[str] = ()) -> None:
     """UserError unless `path` (`what` names it: "$GITHUB_STEP_SUMMARY") may be appended to: a regular file or
     none yet (a FIFO would block the append forever), none of the `inputs` (appending to the report it checks
-    made that report invalid JSON), and no job's input (a trace, a ds_config.json: `check_target`)."""
+    made that report invalid JSON) or `outputs` (a `--junit` file replaced by the XML, then appended to), and no
+    job's input (a trace, a ds_config.json: `check_target`)."""
     import os
 
     from overlapcheck.errors import UserError
@@ -281,6 +282,8 @@ def check_appendable(path: str, what: str, inputs: list[str]) -> None:
     keys = set(_identities(path))
     if any(keys & set(_identities(p)) for p in input_files(inputs)):
         raise UserError(f"{what} is also an input of this command: it is never appended to", path)
+    if any(keys & set(_identities(p)) for p in outputs):
+        raise UserError(f"{what} is also an output of this command: give each its own file", path)
     if os.path.exists(path):
         try:
             check_target(path, force=True)  # a trace or a job's document is never written to

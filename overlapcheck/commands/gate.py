@@ -121,7 +121,7 @@ def command(
     inputs = [p for p in (report_path, baseline_path) if p]
     check_outputs(outputs, force, inputs=inputs)
     if summary := os.environ.get("GITHUB_STEP_SUMMARY"):
-        check_appendable(summary, "$GITHUB_STEP_SUMMARY", inputs)
+        check_appendable(summary, "$GITHUB_STEP_SUMMARY", inputs, outputs)
     report = load_report(report_path)
     baseline = load_report(baseline_path) if baseline_path else None
     checks = run_checks(report, config, baseline)
