@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -40,6 +41,10 @@ class _Group(click.Group):
             raise
         return module.command
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        _tolerant_streams()
+        return super().main(*args, **kwargs)
+
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra):
         try:
             return super().make_context(info_name, args, parent, **extra)
@@ -56,6 +61,17 @@ class _Group(click.Group):
             sys.exit(2)
         except click.UsageError as exc:
             _usage_error(exc)
+
+
+def _tolerant_streams() -> None:
+    """stdout and stderr write what their encoding cannot hold as escapes (`\u2265`), never raise: an ASCII or
+    Latin-1 locale (`LANG=C`, `PYTHONIOENCODING=ascii`) made the gate's '≥' a traceback and exit code 1, which
+    CI cannot tell from a failed gate."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (getattr(stream, "encoding", None) or "").lower().replace("-", "") != "utf8":
+            with contextlib.suppress(ValueError, OSError):  # a stream that cannot change is left as it is
+                reconfigure(errors="backslashreplace")
 
 
 def _usage_error(exc: click.UsageError) -> NoReturn:

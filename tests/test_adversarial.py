@@ -1956,3 +1956,22 @@ def test_the_step_summary_is_never_also_an_output(tmp_path: Path, option: str, m
     code, _, stderr = cli("gate", str(tmp_path / "r.json"), "--min-overlap", "all=0.1", option, str(summary), "--force")
     assert code == 2 and "is also an output of this command" in stderr, stderr
     assert summary.read_text() == "## Earlier CI step\n"
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_an_output_stream_that_cannot_hold_unicode_gets_escapes_never_a_traceback(
+    tmp_path: Path, encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # was: PYTHONIOENCODING=ascii gate ... raised UnicodeEncodeError on '≥' and exited 1, as a failed gate does
+    import subprocess
+    import sys
+
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    monkeypatch.setenv("PYTHONIOENCODING", encoding)
+    for args in (["gate", str(tmp_path / "r.json"), "--min-overlap", "all=0.1"],
+                 ["compare", str(tmp_path / "r.json"), str(tmp_path / "r.json")],
+                 ["analyze", str(tmp_path / "job"), "-j", "1", "--format", "markdown"]):  # fmt: skip
+        r = subprocess.run([sys.executable, "-m", "overlapcheck", *args], capture_output=True, timeout=120)
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, (args, r.stderr[-500:])
+        assert r.stdout.strip(), args
