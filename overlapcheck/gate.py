@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from overlapcheck.compare import Comparison, compare
+from overlapcheck.compare import Comparison, Side, compare
 from overlapcheck.errors import UserError
 from overlapcheck.fsutil import read_bytes
 from overlapcheck.model import ALL, COLLECTIVE_KEYS, RankMetrics, Report
@@ -277,22 +277,24 @@ def _inputs_check(report: Report) -> Check:
 
 
 def _same_job_check(comparison: Comparison) -> Check:
-    """The baseline ran on as many ranks as the report: a baseline of another world size moves every per-step
-    number for that alone, so its comparisons would pass or fail on nothing the change under test did."""
-    base, cur = comparison.before.world_size, comparison.after.world_size
-    name, limit = "world size as the baseline's", "the baseline's"
-    if base is None or cur is None:
-        return Check("baseline-world-size", name, True, "unknown", limit, "a report states no world size")
-    if base == cur:
-        return Check("baseline-world-size", name, True, f"{cur} ranks", limit)
-    return Check(
-        "baseline-world-size",
-        name,
-        False,
-        f"{cur} ranks",
-        f"{base} ranks",
-        "the baseline is of another job (or another scale): save one of this job (`overlapcheck baseline save`)",
-    )
+    """The baseline is like for like: as many ranks as the report, and numbers on the same basis (per profiled
+    step on both sides, or whole-trace totals on both). A baseline of another world size moves every per-step
+    number for that alone; one without ProfilerSteps holds totals over its whole trace, which the report's
+    per-step numbers would undercut N-fold. Either way its comparisons pass or fail on nothing the change did."""
+    base, cur = comparison.before, comparison.after
+
+    def shape(side: Side) -> str:
+        ranks = f"{side.world_size} ranks" if side.world_size is not None else "world size unknown"
+        return f"{ranks}, {'per step' if side.steps else 'whole trace'}"
+
+    why = []
+    if base.world_size is not None and cur.world_size is not None and base.world_size != cur.world_size:
+        why.append("the baseline ran on another number of ranks (another job, or another scale)")
+    if bool(base.steps) != bool(cur.steps):
+        whole = "the baseline" if not base.steps else "this report"
+        why.append(f"{whole} has no ProfilerStep, so its numbers are whole-trace totals, the other's per step")
+    detail = "; ".join(why) + ": save a baseline of this job (`overlapcheck baseline save`)" if why else ""
+    return Check("baseline-comparable", "baseline is like for like", not why, shape(cur), shape(base), detail)
 
 
 def _min_overlap_check(report: Report, kind: str, threshold: float, across: str) -> Check:

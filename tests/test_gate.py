@@ -184,7 +184,7 @@ def test_baseline_default_tolerance_is_10_percent():
     # every collective kind of the baseline is checked by default, not only `all`
     assert [c.id for c in checks] == [
         "inputs",
-        "baseline-world-size",
+        "baseline-comparable",
         "exposed-regression.all",
         "exposed-regression.reduce_scatter",
         "exposed-regression.all_gather",
@@ -248,7 +248,7 @@ def test_junit_has_one_case_per_check_and_failures():
         "min-overlap.all",
         "min-overlap.reduce_scatter",
         "max-exposed-share",
-        "baseline-world-size",
+        "baseline-comparable",
         "exposed-regression.all",
     ]
     failed = {c.get("name") for c in cases if c.find("failure") is not None}
@@ -315,6 +315,18 @@ def test_a_baseline_of_another_world_size_fails_its_own_check():
 
     base, cur = sized(8), sized(2)
     checks = by_id(run_checks(cur, GateConfig(), baseline=base))
-    same = checks["baseline-world-size"]
-    assert not same.passed and (same.measured, same.limit) == ("2 ranks", "8 ranks") and "another job" in same.detail
-    assert by_id(run_checks(base, GateConfig(), baseline=base))["baseline-world-size"].passed
+    same = checks["baseline-comparable"]
+    assert not same.passed and "another number of ranks" in same.detail
+    assert (same.measured, same.limit) == ("2 ranks, per step", "8 ranks, per step")
+    assert by_id(run_checks(base, GateConfig(), baseline=base))["baseline-comparable"].passed
+
+
+def test_a_baseline_without_profiler_steps_is_not_like_for_like():
+    # was: a baseline whose trace had no ProfilerStep held whole-trace totals (7.9 ms vs 15.7 ms "per step"), and a
+    # report N times worse passed
+    stepped = make_report(2, overlaps=[0.8, 0.8])
+    whole = dataclasses.replace(stepped, ranks=[dataclasses.replace(r, steps=[]) for r in stepped.ranks])
+    check = by_id(run_checks(stepped, GateConfig(), baseline=whole))["baseline-comparable"]
+    assert not check.passed and "the baseline has no ProfilerStep" in check.detail, check
+    assert check.limit.endswith("whole trace") and check.measured.endswith("per step")
+    assert exit_code(run_checks(stepped, GateConfig(), baseline=whole)) == 1

@@ -68,7 +68,7 @@ def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
     cases = ET.parse(junit).getroot().findall("testsuite/testcase")
     assert [(c.get("name"), c.find("failure") is not None) for c in cases] == [
         ("inputs", False),
-        ("baseline-world-size", False),
+        ("baseline-comparable", False),
         ("exposed-regression.all", True),
     ]
     assert md.read_text().startswith("### ❌ overlapcheck gate failed: 1 of 3 checks")
