@@ -114,6 +114,7 @@ class Options:
     steps: Set[int] | None = None  # analyze only these ProfilerSteps (--steps; analysis/select.py)
     ranks: Set[int] | None = None  # analyze only these ranks (--ranks): other ranks' files are not read
     prefer_traces: bool = False  # read a rank's trace rather than its summary when both are there
+    config_given: bool = False  # a ds_config given by the caller: a summary holds findings under the run's own
     rank_from: str | None = None  # --rank-from REGEX: each trace's rank is the number it matches in the file's path
     caller: Caller = CLI  # how errors name the selection: the CLI's options or the API's parameters
 
@@ -512,7 +513,8 @@ def analyze_inputs(
     outcomes: list[Outcome] = []
     advance = on_bytes or (lambda n: None)
     summaries = inputs.summaries
-    if options.prefer_traces or options.steps is not None:  # summaries carry no events and cover every step
+    # summaries carry no events, cover every step, and hold findings under the run's own ds_config
+    if options.prefer_traces or options.steps is not None or options.config_given:
         inputs = dataclasses.replace(inputs, traces=inputs.traces + [s.trace for s in summaries if s.trace is not None])
         summaries = [s for s in summaries if s.trace is None]
     if options.steps is not None and summaries and not inputs.traces:
@@ -524,6 +526,12 @@ def analyze_inputs(
         outcome = read_summary(summary)
         if options.steps is not None and outcome[2] is None:
             note = "--steps not applied: this rank has a summary and no trace beside it"
+            outcome = (outcome[0], [_noted(r, note) for r in outcome[1]], None)
+        if options.config_given and outcome[2] is None:
+            note = (
+                f"{options.caller.option('ds_config')} not applied: this rank has a summary and no trace beside it "
+                "(its findings are under the run's own ds_config)"
+            )
             outcome = (outcome[0], [_noted(r, note) for r in outcome[1]], None)
         if outcome[2] is not None and summary.trace is not None:  # an unreadable summary: read the rank's trace
             why = safe_reason(outcome[2], summary.path)
@@ -774,6 +782,7 @@ def analyze(
         steps=_api_numbers(steps, "steps"),
         ranks=_api_numbers(ranks, "ranks"),
         rank_from=rank_from,
+        config_given=config is not None,
         caller=API,
     )
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs, scheduler=scheduler)

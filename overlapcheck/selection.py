@@ -114,6 +114,10 @@ class Caller:
             return f"{what}=[{', '.join(first)}]"
         return f"{what}=[{', '.join(first[:10])}, ...] ({held.text()})"
 
+    def option(self, name: str) -> str:
+        """'--ds-config' / 'ds_config=' (`name`: the parameter's name)."""
+        return f"{name}=" if self.api else f"--{name.replace('_', '-')}"
+
     def pattern(self, pattern: str) -> str:
         """`--rank-from 'x'` / `rank_from='x'`."""
         return f"rank_from={pattern!r}" if self.api else f"--rank-from {pattern!r}"

@@ -1975,3 +1975,21 @@ def test_an_output_stream_that_cannot_hold_unicode_gets_escapes_never_a_tracebac
         r = subprocess.run([sys.executable, "-m", "overlapcheck", *args], capture_output=True, timeout=120)
         assert r.returncode == 0 and b"Traceback" not in r.stderr, (args, r.stderr[-500:])
         assert r.stdout.strip(), args
+
+
+@pytest.mark.parametrize("traces", [True, False], ids=["with-traces", "summaries-only"])
+def test_a_ds_config_given_to_report_is_applied_or_said_not_to_be(tmp_path: Path, traces: bool) -> None:
+    # was: `report RUN --ds-config X` took each summary's findings, made under the run's own config, and X was
+    # silently applied to none of them (the README's CI line)
+    run = _run_with_summaries(tmp_path / "run", _another_jobs_numbers, traces=traces)
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": True}}))
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json", "--ds-config", str(config))
+    assert code == 0, stderr
+    ranks = json.loads(stdout)["ranks"]
+    if traces:  # read from the traces, under the config given
+        assert [r["collectives"]["all"]["overlap"] for r in ranks] == [0.5, 0.5]
+    else:
+        assert all(any("--ds-config not applied" in n for n in r["notes"]) for r in ranks), ranks
+    api = overlapcheck.analyze(run, ds_config=json.loads(config.read_text()), jobs=1)
+    assert traces or any("ds_config= not applied" in n for n in api.ranks[0].notes)

@@ -146,6 +146,7 @@ def run_report(
         steps=steps,
         ranks=ranks,
         prefer_traces=bool(perfetto_path),
+        config_given=config is not None,
         rank_from=rank_from,
     )
     if perfetto_path and any(s.trace is not None for s in inputs.summaries):
