@@ -289,14 +289,30 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
     for name in names:
         attr = DOCUMENTS[name]
         path = os.path.join(folder, name)
-        if getattr(found, attr) is None and (why := not_a_file(path)) is not None:
+        if getattr(found, attr) is not None:
+            found.notes.extend(_another_document(path, name, getattr(found, attr), found.documents))
+        elif (why := not_a_file(path)) is not None:
             found.notes.append(f"{path} is {why}, not {WHAT[name]}: not read (the job is analyzed without it)")
-        elif getattr(found, attr) is None and os.path.isfile(path):
+        elif os.path.isfile(path):
             doc = read_json_file(path, WHAT[name])
             if attr in ("ds_config", "run") and not isinstance(doc, dict):
                 raise UserError(f"{WHAT[name]} must be a JSON object", path)
             setattr(found, attr, doc if isinstance(doc, dict) else None)
             found.documents.append(path)
+
+
+def _another_document(path: str, name: str, used: dict[str, Any], documents: list[str]) -> list[str]:
+    """A note when a later input folder holds a `name` (ds_config.json, run.json, model.json) other than the one
+    read: the first one found is used, and which one that is must not depend on the order of the arguments
+    unsaid."""
+    first = next((d for d in documents if os.path.basename(d) == name), None)
+    if first is None or not os.path.isfile(path) or os.path.samefile(first, path):
+        return []
+    try:
+        same = read_json_file(path, WHAT[name]) == used
+    except UserError:
+        same = False
+    return [] if same else [f"{path} differs from {first}, which is used: are these inputs of one job?"]
 
 
 def read_ds_config(path: str) -> dict[str, Any]:

@@ -1993,3 +1993,18 @@ def test_a_ds_config_given_to_report_is_applied_or_said_not_to_be(tmp_path: Path
         assert all(any("--ds-config not applied" in n for n in r["notes"]) for r in ranks), ranks
     api = overlapcheck.analyze(run, ds_config=json.loads(config.read_text()), jobs=1)
     assert traces or any("ds_config= not applied" in n for n in api.ranks[0].notes)
+
+
+def test_two_folders_with_different_ds_configs_say_which_one_is_used(tmp_path: Path) -> None:
+    # was: the first folder's ds_config.json won silently, so the fix depended on the order of the arguments
+    a = job_folder(tmp_path / "node0", config={"zero_optimization": {"stage": 3, "reduce_bucket_size": 10**9}})
+    b = tmp_path / "node1"
+    b.mkdir()
+    (a / "rank1.json").rename(b / "rank1.json")
+    (b / "ds_config.json").write_text(json.dumps({"zero_optimization": {"stage": 3, "reduce_bucket_size": 5 * 10**7}}))
+    for first, second in ((a, b), (b, a)):
+        notes = overlapcheck.analyze([first, second], jobs=1).notes or []
+        said = [n for n in notes if "differs from" in n]
+        assert said and f"{second / 'ds_config.json'} differs from {first / 'ds_config.json'}, which is used" in said[0]
+    (b / "ds_config.json").write_text((a / "ds_config.json").read_text())  # the same config: nothing to say
+    assert not any("differs from" in n for n in overlapcheck.analyze([a, b], jobs=1).notes or [])
