@@ -58,9 +58,10 @@ from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name, vali
 
 _TRACE_FILE = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
 _NOT_TRACES = re.compile(
-    r"(^run\.json$|^truth\.json$|^ds_config\.json$|^model\.json$|\.summary\.json$|\.status\.json$|report|baseline)",
-    re.IGNORECASE,
+    r"(^run\.json$|^truth\.json$|^ds_config\.json$|^model\.json$|\.summary\.json$|\.status\.json$)", re.IGNORECASE
 )
+# a name that says it is a report or a baseline, not a trace, unless it also states a rank (`node-baseline_rank1`)
+_REPORT_WORDS = re.compile(r"report|baseline", re.IGNORECASE)
 _SUMMARY = re.compile(r"^rank(\d+)\.summary\.json$")
 _RANK_FILE = re.compile(r"^rank(\d+)\.")
 
@@ -199,6 +200,7 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     if os.path.lexists(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
         paths += [os.path.join(folder, TRACES_DIR, n) for n in _visible(os.path.join(folder, TRACES_DIR))]
     traces = [p for p in paths if _trace_name(os.path.basename(p))]
+    found.notes.extend(_skipped_by_name(paths))
     own = [p for p in traces if _own_output(p)]
     traces = [p for p in traces if p not in own]
     trace_of_rank: dict[int, str] = {}
@@ -236,8 +238,34 @@ def _summary_digests(run: dict[str, Any] | None) -> dict[int, str]:
 
 
 def _trace_name(name: str) -> bool:
-    """Whether a file name in a folder names a trace (*.json, *.json.gz, none of the job's own documents)."""
-    return bool(_TRACE_FILE.search(name)) and not _NOT_TRACES.search(name)
+    """Whether a file name in a folder names a trace (*.json, *.json.gz, none of the job's own documents, and not
+    named as a report or baseline unless it states a rank: `_report_named`)."""
+    return bool(_TRACE_FILE.search(name)) and not _NOT_TRACES.search(name) and not _report_named(name)
+
+
+def _skipped_by_name(paths: list[str]) -> list[str]:
+    """A note naming the *.json(.gz) files of a folder skipped as named reports or baselines that are not
+    overlapcheck's own (those are skipped unsaid): another tool's report, or a trace whose name states no rank."""
+    skipped = [
+        os.path.basename(p)
+        for p in paths
+        if _TRACE_FILE.search(p) and _report_named(os.path.basename(p)) and not _own_output(p)
+    ]
+    if not skipped:
+        return []
+    shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return [f"not read as traces: {shown} (named as a report or baseline; give a file by name to read it)"]
+
+
+def _report_named(name: str) -> bool:
+    """Whether a *.json(.gz) name says it is a report or a baseline (`report.json`, `baseline-a100.json`), not a
+    trace: a name that also states a rank is a trace's (a host named `baseline-3` keeps its ranks)."""
+    if not _REPORT_WORDS.search(name):
+        return False
+    try:
+        return rank_from_name(name) is None
+    except UserError:
+        return False  # names several ranks: read, and the reader says so
 
 
 def _below(folder: str, names: list[str]) -> str:

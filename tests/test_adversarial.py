@@ -2008,3 +2008,19 @@ def test_two_folders_with_different_ds_configs_say_which_one_is_used(tmp_path: P
         assert said and f"{second / 'ds_config.json'} differs from {first / 'ds_config.json'}, which is used" in said[0]
     (b / "ds_config.json").write_text((a / "ds_config.json").read_text())  # the same config: nothing to say
     assert not any("differs from" in n for n in overlapcheck.analyze([a, b], jobs=1).notes or [])
+
+
+def test_a_trace_whose_name_holds_report_or_baseline_is_read_when_it_states_a_rank(tmp_path: Path) -> None:
+    # was: `node-baseline_rank1.pt.trace.json.gz` was skipped for the word "baseline": rank 1 vanished, exit 0
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "node-a_rank0.pt.trace.json").write_bytes(doc_bytes(rank=0, world=2))
+    (folder / "node-baseline_rank1.pt.trace.json").write_bytes(doc_bytes(rank=1, world=2))
+    (folder / "Report.json").write_bytes(doc_bytes(rank=None))  # a name that states no rank: skipped, and said
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert [r.rank for r in report.ranks] == [0, 1]
+    assert any("not read as traces: Report.json" in n for n in report.notes or []), report.notes
+    code, _, _ = cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(folder / "report.json"))
+    assert code == 0  # overlapcheck's own report beside the traces is skipped unsaid
+    (said,) = [n for n in overlapcheck.analyze(folder, jobs=1).notes or [] if "not read as traces" in n]
+    assert "Report.json" in said and "report.json" not in said, said
