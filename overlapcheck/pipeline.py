@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import operator
 import os
 import re
@@ -723,6 +724,7 @@ def check_one_job(results: list[RankResult], run: dict[str, Any] | None) -> None
     if worlds and stated is not None and stated not in worlds:
         (w,) = worlds
         raise UserError(f"run.json says world size {stated}, the traces say {w}: are they of the run that wrote it?")
+    _check_one_time(results)
     world = next(iter(worlds), stated)
     if world is None or len(results) < 2:
         return
@@ -733,6 +735,31 @@ def check_one_job(results: list[RankResult], run: dict[str, Any] | None) -> None
             f"rank {r.metrics.rank} ({os.path.basename(r.metrics.source)}) is not below the job's world size "
             f"{world}: a trace of another job? (--rank-from REGEX reads ranks from file names)"
         )
+
+
+APART_US = 300e6  # ranks of one job profile the same steps together; hosts' clocks differ by far less
+
+
+def _check_one_time(results: list[RankResult]) -> None:
+    """UserError when the ranks' profiled steps fall into stretches of time more than APART_US apart: the
+    traces of two runs (of the same world size) put together, whose cross-rank findings (a straggler) would be
+    made of nothing but the time between the runs."""
+    windows = []
+    for r in results:
+        steps = r.metrics.steps
+        if len(steps) and r.metrics.rank is not None:
+            first, last = steps[0], steps[-1]
+            windows.append((first.start_us, last.start_us + last.duration_us, r.metrics.rank))
+    windows.sort()
+    end, before = -math.inf, None
+    for start, stop, rank in windows:
+        if before is not None and start - end > APART_US:
+            raise UserError(
+                f"these traces are of more than one run: rank {rank}'s steps start {(start - end) / 1e6:,.0f} s "
+                f"after rank {before}'s end: analyze each run's traces on their own (--ranks selects some)"
+            )
+        if stop > end:
+            end, before = stop, rank
 
 
 def _link_blames(result: RankResult, findings: list[Finding]) -> RankResult:

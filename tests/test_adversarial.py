@@ -2024,3 +2024,23 @@ def test_a_trace_whose_name_holds_report_or_baseline_is_read_when_it_states_a_ra
     assert code == 0  # overlapcheck's own report beside the traces is skipped unsaid
     (said,) = [n for n in overlapcheck.analyze(folder, jobs=1).notes or [] if "not read as traces" in n]
     assert "Report.json" in said and "report.json" not in said, said
+
+
+def _shifted(events: list[dict[str, Any]], by_us: float) -> list[dict[str, Any]]:
+    return [{**e, "ts": e["ts"] + by_us} if "ts" in e else e for e in events]
+
+
+@pytest.mark.parametrize(("apart_s", "refused"), [(3600, True), (301, True), (20, False)])
+def test_traces_of_two_runs_of_one_world_size_are_not_taken_for_one_job(
+    tmp_path: Path, apart_s: float, refused: bool
+) -> None:
+    # was: rank 1 of a run an hour later beside rank 0: exit 0, a straggler "found" in the hour between them
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "rank0.json").write_bytes(doc_bytes(rank=0, world=2))
+    (folder / "rank1.json").write_bytes(doc_bytes(_shifted(good_events(), apart_s * 1e6), rank=1, world=2))
+    code, _, stderr = cli("analyze", str(folder), "-j", "1")
+    if refused:
+        assert code == 2 and "more than one run: rank 1's steps start" in stderr, stderr
+    else:  # clocks of two hosts a few seconds apart: one job
+        assert code == 0, stderr
