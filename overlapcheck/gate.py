@@ -290,6 +290,11 @@ def _same_job_check(comparison: Comparison) -> Check:
     why = []
     if base.world_size is not None and cur.world_size is not None and base.world_size != cur.world_size:
         why.append("the baseline ran on another number of ranks (another job, or another scale)")
+    shared = comparison.shared
+    if not shared.ranks and (shared.only_before or shared.only_after):
+        why.append(
+            "no rank is in both (the baseline's and this report's ranks differ): nothing to compare rank by rank"
+        )
     if bool(base.steps) != bool(cur.steps):
         whole = "the baseline" if not base.steps else "this report"
         why.append(f"{whole} has no ProfilerStep, so its numbers are whole-trace totals, the other's per step")

@@ -330,3 +330,11 @@ def test_a_baseline_without_profiler_steps_is_not_like_for_like():
     assert not check.passed and "the baseline has no ProfilerStep" in check.detail, check
     assert check.limit.endswith("whole trace") and check.measured.endswith("per step")
     assert exit_code(run_checks(stepped, GateConfig(), baseline=whole)) == 1
+
+
+def test_a_baseline_with_no_rank_in_common_is_not_like_for_like():
+    # was: rank 0 gated against a baseline of rank 1 only passed, with "no rank in common" in a detail line
+    report = make_report(2, overlaps=[0.8, 0.8])
+    only = lambda n: dataclasses.replace(report, ranks=[r for r in report.ranks if r.rank == n])  # noqa: E731
+    check = by_id(run_checks(only(0), GateConfig(), baseline=only(1)))["baseline-comparable"]
+    assert not check.passed and "no rank is in both" in check.detail, check
