@@ -593,11 +593,29 @@ def analyze_inputs(
             f"{options.caller.numbers('ranks', options.ranks)} selects no rank of the traces read: "
             + _ranks_held(everything, options.rank_from)
         )
+    if options.ranks is not None and report.ranks and (absent := _absent_ranks(report, options)):
+        report = dataclasses.replace(report, notes=[*(report.notes or []), *absent])
     if options.steps is not None and report.ranks and not any(r.steps for r in report.ranks):
         held = sorted({n for _, results, _ in outcomes for r in results for n in r.trace_steps})
         there = f"the traces hold steps {format_numbers(set(held))}" if held else "the traces have no ProfilerStep"
         raise UserError(f"{options.caller.numbers('steps', options.steps)} selects no step of any rank: {there}")
     return report
+
+
+def _absent_ranks(report: Report, options: Options) -> list[str]:
+    """A note naming the selected ranks that are not in the report (`--ranks 1-5` of a 2-rank job): a partial
+    selection is said, as an empty one is an error. Up to a million selected ranks are spelled out."""
+    selected = options.ranks
+    if selected is None or len(selected) > 1_000_000:
+        return []
+    absent = set(selected) - {r.rank for r in report.ranks}
+    if not absent:
+        return []
+    world = next((w for r in report.ranks if (w := valid_world(r.world_size)) is not None), None)
+    beyond = f" (the job's world size is {world})" if world is not None and max(absent) >= world else ""
+    return [
+        f"{options.caller.numbers('ranks', selected)}: rank(s) {format_numbers(absent)} not in these inputs{beyond}"
+    ]
 
 
 def _ranks_held(inputs: Inputs, rank_from: str | None = None) -> str:

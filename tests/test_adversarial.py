@@ -2044,3 +2044,14 @@ def test_traces_of_two_runs_of_one_world_size_are_not_taken_for_one_job(
         assert code == 2 and "more than one run: rank 1's steps start" in stderr, stderr
     else:  # clocks of two hosts a few seconds apart: one job
         assert code == 0, stderr
+
+
+def test_a_rank_selection_that_matches_only_some_says_which_are_absent(tmp_path: Path) -> None:
+    # was: `--ranks 1-5` of a 2-rank job reported rank 1 and said nothing of ranks 2-5
+    folder = job_folder(tmp_path / "job")
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--ranks", "1-5", "--format", "json")
+    assert code == 0, stderr
+    doc = json.loads(stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [1]
+    assert "--ranks 1-5: rank(s) 2-5 not in these inputs (the job's world size is 2)" in doc["notes"], doc["notes"]
+    assert not any("not in these inputs" in n for n in overlapcheck.analyze(folder, ranks=[0, 1], jobs=1).notes or [])
