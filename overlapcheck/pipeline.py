@@ -216,7 +216,8 @@ def _scan_folder(folder: str, found: Inputs) -> None:
         found.traces.append(path)
     digests = _summary_digests(found.run) if os.path.join(folder, "run.json") in found.documents else {}
     for rank, name in summaries.items():
-        found.summaries.append(Summary(os.path.join(folder, name), trace_of_rank.get(rank), digests.get(rank)))
+        digest = digests.get(rank) or _status_digest(folder, rank)
+        found.summaries.append(Summary(os.path.join(folder, name), trace_of_rank.get(rank), digest))
     if not traces and not summaries:
         skipped = (
             f" (only overlapcheck's own outputs: {', '.join(os.path.basename(p) for p in own[:3])})" if own else ""
@@ -236,6 +237,21 @@ def _summary_digests(run: dict[str, Any] | None) -> dict[int, str]:
         if isinstance(digest, str) and isinstance(rank, int) and not isinstance(rank, bool):
             out[rank] = digest
     return out
+
+
+def _status_digest(folder: str, rank: int) -> str | None:
+    """The sha256 a run folder's summary process recorded for rank `rank`'s summary in
+    `status/rank<R>.summary.json` (capture/layout.py), for a summary that run.json does not record (it was still
+    being written when run.json was): None when there is none to read."""
+    path = os.path.join(folder, "status", f"rank{rank}.summary.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        record = read_json_file(path, "a summary's status record")
+    except UserError:
+        return None
+    digest = record.get("sha256") if isinstance(record, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def _trace_name(name: str) -> bool:
@@ -506,7 +522,7 @@ def read_summary(summary: Summary) -> Outcome:
         data = read_bytes(summary.path, what)
         if summary.sha256 is not None and hashlib.sha256(data).hexdigest() != summary.sha256:
             raise UserError(
-                "not the summary this run wrote (run.json records another sha256): another job's, or edited?",
+                "not the summary this run wrote (the run recorded another sha256): another job's, or edited?",
                 summary.path,
             )
         report = Report.from_dict(json_document(data, summary.path, what), summary.path)

@@ -2055,3 +2055,21 @@ def test_a_rank_selection_that_matches_only_some_says_which_are_absent(tmp_path:
     assert [r["rank"] for r in doc["ranks"]] == [1]
     assert "--ranks 1-5: rank(s) 2-5 not in these inputs (the job's world size is 2)" in doc["notes"], doc["notes"]
     assert not any("not in these inputs" in n for n in overlapcheck.analyze(folder, ranks=[0, 1], jobs=1).notes or [])
+
+
+def test_a_summary_run_json_does_not_record_is_checked_against_its_status_record(tmp_path: Path) -> None:
+    # run.json is written when the launcher ends; a summary still being written then is recorded in status/ only
+    import hashlib
+
+    run = _run_with_summaries(tmp_path / "run", lambda r, doc: doc)
+    (run / "status").mkdir()
+    for r in range(2):
+        digest = hashlib.sha256((run / f"rank{r}.summary.json").read_bytes()).hexdigest()
+        (run / "status" / f"rank{r}.summary.json").write_text(json.dumps({"status": "ok", "sha256": digest}))
+    other = _run_with_summaries(tmp_path / "other", _another_jobs_numbers)
+    shutil.copy(other / "rank1.summary.json", run / "rank1.summary.json")
+    code, stdout, stderr = cli("report", str(run), "-j", "1", "--format", "json")
+    assert code == 0, stderr
+    ranks = json.loads(stdout)["ranks"]
+    assert [r["collectives"]["all"]["overlap"] for r in ranks] == [0.5, 0.5]
+    assert any("not the summary this run wrote" in n for n in ranks[1]["notes"]), ranks[1]["notes"]
