@@ -298,9 +298,7 @@ def atomic_write(
                 os.fsync(fd)
         finally:
             os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _mode_for(target))
         if force:
             os.replace(tmp, target)
         else:
@@ -314,6 +312,17 @@ def atomic_write(
     finally:
         with contextlib.suppress(OSError):  # gone when renamed into place
             os.unlink(tmp)
+
+
+def _mode_for(target: str) -> int:
+    """The permissions of a written file: those of the file it replaces (a private 0600 report stays private),
+    else what a new file gets under the umask."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _publish_new(tmp: str, target: str, raw: bytes | None, durable: bool) -> None:

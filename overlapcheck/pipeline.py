@@ -73,7 +73,7 @@ class Summary:
 
     path: str
     trace: str | None = None
-    sha256: str | None = None  # the digest run.json records for it (what `overlapcheck run` wrote), if any
+    sha256: str | None = None  # the digest the run recorded for it (run.json, else status/), if any
 
 
 @dataclass

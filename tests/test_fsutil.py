@@ -281,3 +281,12 @@ def test_written_files_get_the_umask_mode_and_whole_content(tmp_path):
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
     fsutil.atomic_write(target, b"bytes", force=True, durable=False)
     assert target.read_bytes() == b"bytes"
+
+
+def test_a_replaced_file_keeps_its_permissions(tmp_path):
+    # was: `--force` over a private 0600 report wrote it back 0644 (the umask's mode), readable by everyone
+    target = tmp_path / "private.json"
+    target.write_text("{}")
+    target.chmod(0o600)
+    fsutil.atomic_write(target, "new", force=True)
+    assert target.read_text() == "new" and target.stat().st_mode & 0o777 == 0o600
