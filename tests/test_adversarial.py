@@ -1181,6 +1181,7 @@ def test_simulate_sizes_beyond_reason_are_refused() -> None:
         ["gate", "REPORT", "--min-overlap", "all=0.5", "--junit", ""],
         ["baseline", "save", "REPORT", ""],
         ["simulate", "--out", "", "--steps", "1", "--nodes", "1", "--gpus-per-node", "1"],
+        ["run", "--out", "", "--", "python", "-c", "1"],  # was: the default overlapcheck-run-<timestamp>, and a run
     ],
     ids=lambda a: "-".join(x or "EMPTY" for x in a[:1] + a[2:] if not x.startswith("all=")),
 )

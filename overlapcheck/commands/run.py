@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from overlapcheck.capture.settings import CaptureSettings, Schedule, parse_ranks
+from overlapcheck.commands.paths import a_file_path
 from overlapcheck.errors import UserError
 
 _COMMAND = "overlapcheck.run.command"  # ctx.meta key: the words after `--`
@@ -49,7 +50,9 @@ MAX_SUMMARY_TIMEOUT = 7 * 86400.0  # a week: beyond it (inf) the launcher would 
     context_settings={"allow_extra_args": True},
     options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
 )
-@click.option("--out", "out", default=None, help="Run folder (default: overlapcheck-run-<timestamp>).")
+@click.option(
+    "--out", "out", default=None, callback=a_file_path, help="Run folder (default: overlapcheck-run-<timestamp>)."
+)
 @click.option("--wait", type=int, default=None, help="Optimizer steps before the profiler starts [5].")
 @click.option("--warmup", type=int, default=None, help="Profiler warm-up steps (not recorded) [2].")
 @click.option("--active", type=int, default=None, help="Steps recorded [3].")
