@@ -275,6 +275,13 @@ def _gzip_cases() -> Iterator[Case]:
     yield file_case("gzip-two-members", gz + gzip.compress(b" "), name="rank0.json.gz", expect="ok")
     yield file_case("gzip-trailing-garbage", gz + b"garbage!", name="rank0.json.gz", expect="either")
     yield file_case("gzip-magic-only", b"\x1f\x8b", name="rank0.json.gz", expect="error")
+    import bz2
+    import lzma
+
+    # was: "malformed or truncated JSON" for a .json.gz that is another compression
+    for kind, data in (("bzip2", bz2.compress(doc_bytes())), ("xz", lzma.compress(doc_bytes())),
+                       ("zstd", b"\x28\xb5\x2f\xfd" + bytes(20)), ("zip", b"PK\x03\x04" + bytes(20))):  # fmt: skip
+        yield file_case(f"{kind}-named-gz", data, name="rank0.json.gz", expect="error", message=f"a {kind} file")
 
 
 def _size_cases() -> Iterator[Case]:

@@ -80,11 +80,25 @@ def _gzip_reader(f: IO[bytes]) -> IO[bytes]:
 def open_bytes(path: str) -> IO[bytes]:
     """Open a `.json` or `.json.gz` trace for binary reading (gzip is detected by its magic bytes)."""
     f = open_input(path, "a trace file")
-    if f.read(2) == b"\x1f\x8b":
+    head = f.read(6)
+    if head[:2] == b"\x1f\x8b":
         f.seek(0)
         return _gzip_reader(f)
+    for magic, kind, tool in _OTHER_COMPRESSIONS:
+        if head.startswith(magic):
+            f.close()
+            raise UserError(f"a {kind} file, not a trace: decompress it ({tool}) or recompress it with gzip", path)
     f.seek(0)
     return f
+
+
+# compressions a trace may come in that the reader does not open (a `.json.gz` that is not gzip was "malformed JSON")
+_OTHER_COMPRESSIONS = (
+    (b"BZh", "bzip2", "bunzip2"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"PK\x03\x04", "zip", "unzip"),
+)
 
 
 def _structure(
