@@ -505,6 +505,10 @@ class Report:
     def from_dict(cls, doc: object, source: str | None = None) -> Report:
         """Validate and read a report document; ReportFormatError names the first field of the wrong shape."""
         schema = doc.get("schema") if isinstance(doc, dict) else None
+        if isinstance(schema, str) and schema.startswith("overlapcheck.") and not schema.startswith(SCHEMA_PREFIX):
+            raise ReportFormatError(
+                f"an overlapcheck document of schema {schema[:60]!r}, not a report ({SCHEMA})", source
+            )
         if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
             raise ReportFormatError(f'not an overlapcheck report (expected "schema": "{SCHEMA}")', source)
         if schema[len(SCHEMA_PREFIX) :].split(".")[0] != str(SCHEMA_MAJOR):

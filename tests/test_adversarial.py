@@ -2081,3 +2081,12 @@ def test_a_summary_run_json_does_not_record_is_checked_against_its_status_record
     ranks = json.loads(stdout)["ranks"]
     assert [r["collectives"]["all"]["overlap"] for r in ranks] == [0.5, 0.5]
     assert any("not the summary this run wrote" in n for n in ranks[1]["notes"]), ranks[1]["notes"]
+
+
+def test_a_comparison_given_as_a_report_is_named_as_what_it_is(tmp_path: Path) -> None:
+    # was: "not an overlapcheck report": it is one of overlapcheck's documents, a comparison
+    job = job_folder(tmp_path / "job")
+    code, _, stderr = cli("compare", str(job), str(job), "--json", str(tmp_path / "c.json"))
+    assert code == 0, stderr
+    code, _, stderr = cli("gate", str(tmp_path / "c.json"), "--min-overlap", "all=0.1")
+    assert code == 2 and "an overlapcheck document of schema 'overlapcheck.compare/1', not a report" in stderr, stderr
