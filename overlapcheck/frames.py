@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from overlapcheck.errors import UserError
 from overlapcheck.model import ALL, COLLECTIVE_KEYS, Collectives, Report, Split
 
 if TYPE_CHECKING:
@@ -19,10 +20,10 @@ LEVELS = ("ranks", "collectives", "steps", "phases", "modules", "findings")
 def dataframe(report: Report, level: str) -> pd.DataFrame:
     """One row per rank, per (rank, collective), per (rank, step), per (rank, step, phase, collective), per
     (module, collective, phase, source) over the ranks, or per finding."""
+    if not isinstance(level, str) or level not in _BUILDERS:
+        raise UserError(f"dataframe: unknown level {str(level)[:40]!r}: one of {', '.join(LEVELS)}")
     import pandas as pd
 
-    if level not in _BUILDERS:
-        raise ValueError(f"unknown level {level!r}: one of {', '.join(LEVELS)}")
     rows, columns = _BUILDERS[level](report)
     return pd.DataFrame(rows, columns=columns)
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 SCHEMA = "overlapcheck.report/1"
 SCHEMA_PREFIX = "overlapcheck.report/"
 SCHEMA_MAJOR = 1
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # a report's integers: a trace's are int64 (its reader refuses the rest)
 
 ALL = "all"
 COLLECTIVE_KINDS = ("reduce_scatter", "all_gather", "all_reduce", "all_to_all", "send_recv", "broadcast", "other")
@@ -582,10 +583,19 @@ def _check_split(fields: dict[str, Any], path: str) -> None:
     (a summary or report edited by hand, or another tool's; read as they were, they passed a gate at 750%)."""
     for name in ("count", "time_us", "overlapped_us", "exposed_us"):
         if fields.get(name, 0) < -1e-3:
-            raise _Shape(f"{path}.{name} is negative ({fields[name]:g})")
+            raise _Shape(f"{path}.{name} is negative ({_number(fields[name])})")
     overlap = fields.get("overlap")
     if overlap is not None and not -1e-6 <= overlap <= 1 + 1e-6:
-        raise _Shape(f"{path}.overlap is {overlap:g}, not a fraction from 0 to 1")
+        raise _Shape(f"{path}.overlap is {_number(overlap)}, not a fraction from 0 to 1")
+
+
+def _number(value: int | float) -> str:
+    """A number for a message, never raising: `:g` converts an integer to a float, which overflows past 1e308
+    (and str() refuses an integer of over 4,300 digits)."""
+    try:
+        return f"{value:g}"
+    except OverflowError:
+        return f"about {'-' if value < 0 else ''}10^{int(abs(int(value)).bit_length() * math.log10(2))}"
 
 
 def _from_plain(tp: Any, value: Any, path: str) -> Any:
@@ -635,6 +645,8 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Shape(f"{path} is not an integer")
+        if not INT_MIN <= value <= INT_MAX:
+            raise _Shape(f"{path} is {_number(value)}, beyond a 64-bit integer: no trace gives it")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):

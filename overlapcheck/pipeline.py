@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
+import importlib
 import math
 import operator
 import os
 import re
 import stat
+import warnings
 import zlib
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -389,6 +393,7 @@ def analyze_trace(
 
     `progress(n)` is called with the number of file bytes read so far; `workers` processes decode it."""
     options = options or Options()
+    named = rank_by_pattern(path, options.rank_from, options.caller) if options.rank_from is not None else None
     model = load_trace(path, progress, workers)
     model.notes.extend(_long_names(model) + _precision_notes(model, path))
     in_trace = tuple(sorted({int(n) for n in model.steps.number}))
@@ -399,12 +404,10 @@ def analyze_trace(
     modules = module_comm(model, acts)
     index = ModuleIndex.of(model, acts) if options.diagnose else None
     del acts
-    if options.rank_from is not None:
-        rank = rank_by_pattern(path, options.rank_from, options.caller)
-        if rank != metrics.rank:
-            said = f"distributedInfo.rank {metrics.rank}" if metrics.rank is not None else "no rank"
-            note = f"rank {rank} from the file's path (--rank-from); the trace says {said}"
-            metrics = dataclasses.replace(metrics, rank=rank, notes=[*metrics.notes, note])
+    if named is not None and named != metrics.rank:
+        said = f"distributedInfo.rank {metrics.rank}" if metrics.rank is not None else "no rank"
+        note = f"rank {named} from the file's path (--rank-from); the trace says {said}"
+        metrics = dataclasses.replace(metrics, rank=named, notes=[*metrics.notes, note])
     metrics = with_bandwidth(model, metrics, job)
     if options.steps is not None:
         metrics = dataclasses.replace(metrics, notes=[*metrics.notes, steps_note(options.steps, metrics)])
@@ -468,25 +471,113 @@ def _precision_notes(model: TraceModel, path: str) -> list[str]:
 
 def compile_rank_pattern(pattern: str, caller: Caller = CLI) -> re.Pattern[str]:
     """The regex of --rank-from: its first group (else the whole match) must be the rank's digits. An empty one
-    matches nothing but '' in every path: refused once, not once per file. Errors name it as `caller` wrote it."""
+    matches nothing but '' in every path, and one that nests repetitions can take exponential time on a name:
+    refused once, not once per file. Errors name it as `caller` wrote it."""
     if not pattern:
         raise UserError(f"{caller.pattern('')} is empty: give a regular expression whose first group is the rank")
     try:
-        return re.compile(pattern)
+        regex = re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         raise UserError(f"{caller.pattern(pattern[:60])} is not a regular expression ({exc})") from None
+    if _nests_repetitions(pattern):
+        raise UserError(
+            f"{caller.pattern(pattern[:60])} nests repetitions, which can take exponential time on a file's "
+            "name (Python's re backtracks through every split): repeat once, as a+ for (a+)+"
+        )
+    return regex
+
+
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+
+
+@functools.lru_cache(maxsize=64)
+def _nests_repetitions(pattern: str) -> bool:
+    """Whether an unbounded repeat of `pattern` holds another unbounded repeat (`(a+)+`, `(a*)*`, `(x|y+)*`): the
+    shape that backtracks exponentially. Read from the parsed pattern; False where the parser is unavailable."""
+    parser = _regex_parser()
+    if parser is None:
+        return False
+    try:
+        tree = parser.parse(pattern)
+        unbounded = int(parser.MAXREPEAT)
+    except Exception:  # a private module: whatever it raises, the pattern compiled and is used as it is
+        return False
+    stack: list[tuple[Any, bool]] = [(tree, False)]
+    while stack:
+        node, inside = stack.pop()
+        for op, av in _items(node):
+            repeat = str(op) in _REPEATS and int(av[1]) == unbounded
+            if repeat and inside:
+                return True
+            backtracks = repeat and str(op) != "POSSESSIVE_REPEAT"  # a possessive repeat gives nothing back
+            stack.extend((sub, inside or backtracks) for sub in _subpatterns(av))
+    return False
+
+
+def _regex_parser() -> Any:
+    """Python's regex parser (re._parser from 3.11, sre_parse before), or None if neither is there."""
+    for name in ("re._parser", "sre_parse"):
+        with contextlib.suppress(ImportError), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return importlib.import_module(name)
+    return None
+
+
+def _items(node: Any) -> list[tuple[Any, Any]]:
+    """The (opcode, argument) items of a parsed subpattern."""
+    return list(getattr(node, "data", node))
+
+
+def _subpatterns(value: Any) -> Iterator[Any]:
+    """The subpatterns held anywhere in an item's argument (a group's body, a branch's alternatives, ...)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if hasattr(item, "data"):
+            yield item
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
 
 
 def rank_by_pattern(path: str, pattern: str, caller: Caller = CLI) -> int:
     """The rank --rank-from reads in `path` (searched in the file name, then in the whole path)."""
-    regex = compile_rank_pattern(pattern, caller)
+    rank = _pattern_rank(path, compile_rank_pattern(pattern, caller))
+    if isinstance(rank, str):
+        raise UserError(f"{caller.pattern(pattern)} {rank}", path)
+    return rank
+
+
+def _pattern_rank(path: str, regex: re.Pattern[str]) -> int | str:
+    """The rank `regex` reads in `path`, or why it reads none."""
     m = regex.search(os.path.basename(path)) or regex.search(path)
     if m is None:
-        raise UserError(f"{caller.pattern(pattern)} does not match this file's path", path)
+        return "does not match this file's path"
     text = (m.group(1) if regex.groups else m.group(0)) or ""  # an optional group may match nothing
     if not (text and text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_RANK):
-        raise UserError(f"{caller.pattern(pattern)} matches {text[:40]!r}, not a rank number", path)
+        return f"matches {text[:40]!r}, not a rank number"
     return int(text)
+
+
+def check_rank_pattern(traces: Sequence[str], pattern: str, caller: Caller = CLI) -> None:
+    """One UserError when `pattern` reads a rank in none of the traces' paths (else one error per file)."""
+    regex = compile_rank_pattern(pattern, caller)
+    reasons: list[str] = []
+    for path in traces:
+        if isinstance(why := _pattern_rank(path, regex), int):
+            return
+        reasons.append(why)
+    if not traces:
+        return
+    name = os.path.basename(traces[0])
+    if all(why.startswith("does not match") for why in reasons):
+        raise UserError(
+            f"{caller.pattern(pattern)} does not match any of the {len(traces)} traces' paths (such as {name}): "
+            "its first group (else the whole match) must be the rank's digits"
+        )
+    first = next(why for why in reasons if not why.startswith("does not match"))
+    raise UserError(
+        f"{caller.pattern(pattern)} reads no rank in any of the {len(traces)} traces' paths ({name}: {first})"
+    )
 
 
 def steps_note(steps: Set[int], metrics: RankMetrics) -> str:
@@ -563,8 +654,8 @@ def analyze_inputs(
     (overlapcheck/executors.py; default: this machine, `jobs` processes)."""
     options = options or Options()
     everything = inputs
-    if options.rank_from is not None:
-        compile_rank_pattern(options.rank_from, options.caller)  # a bad pattern is one error, not one per file
+    if options.rank_from is not None:  # a bad pattern is one error, not one per file
+        check_rank_pattern(inputs.traces, options.rank_from, options.caller)
     inputs = select_ranks(inputs, options.ranks, options.rank_from, options.caller)
     if options.ranks is not None and not inputs.count:
         raise UserError(
@@ -893,24 +984,49 @@ def analyze(
     return analyze_inputs(inputs, job_context(inputs, config), options, jobs, scheduler=scheduler)
 
 
+MAX_STEPS = 2**31  # step numbers one selection may hold: at a step a second, 68 years of training
+MAX_LISTED = 1_000_000  # numbers an API selection is read one by one (a range is held as one, unread)
+
+
 def _api_numbers(values: Iterable[int | str] | None, what: str) -> Numbers | None:
-    """`steps` / `ranks` of the API: whole numbers, or strings of digits ('0'), as --steps / --ranks take them."""
+    """`steps` / `ranks` of the API: whole numbers, or strings of digits ('0'), as --steps / --ranks take them.
+    A range is held as its bounds, never expanded; other iterables are read up to MAX_LISTED numbers."""
     if values is None:
         return None
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise UserError(f"{what} must be a list of numbers, such as [0, 1], not {type(values).__name__}")
-    out: list[int] = []
-    for v in values:
-        number: int | None = None
-        if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit() and len(v.strip()) <= 19:
-            number = int(v)
-        elif not isinstance(v, bool | str | bytes):
-            with contextlib.suppress(TypeError):
-                number = operator.index(v)  # int, numpy integers
-        if number is None or not 0 <= number <= MAX_NUMBER:
-            raise UserError(f"{what}: {str(v)[:40]!r} is not a {what[:-1]} number (a whole number >= 0)")
-        out.append(number)
+    most = MAX_RANK + 1 if what == "ranks" else MAX_STEPS
+    if isinstance(values, range):
+        count = max(0, (values.stop - values.start + values.step - (1 if values.step > 0 else -1)) // values.step)
+        if count > most:
+            raise UserError(
+                f"{what}={values!r} holds {count:,} numbers, more than a job has {what} (at most {most:,}): "
+                "select the ones the traces hold"
+            )
+        if count and abs(values.step) == 1:
+            lo, hi = min(values[0], values[-1]), max(values[0], values[-1])
+            for bad in (lo, hi):
+                _api_number(bad, what)
+            return Numbers(((lo, hi),))
+    out = [_api_number(v, what) for v in islice(values, MAX_LISTED + 1)]
+    if len(out) > MAX_LISTED:
+        raise UserError(
+            f"{what}: more than {MAX_LISTED:,} numbers, listed one by one: give a range (range(a, b)) for more"
+        )
     return Numbers.of(out)
+
+
+def _api_number(v: Any, what: str) -> int:
+    """One number of an API selection (an int, a numpy integer or a digit string), else UserError."""
+    number: int | None = None
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit() and len(v.strip()) <= 19:
+        number = int(v)
+    elif not isinstance(v, bool | str | bytes):
+        with contextlib.suppress(TypeError):
+            number = operator.index(v)  # int, numpy integers
+    if number is None or not 0 <= number <= MAX_NUMBER:
+        raise UserError(f"{what}: {str(v)[:40]!r} is not a {what[:-1]} number (a whole number >= 0)")
+    return number
 
 
 __all__ = ["Inputs", "Options", "ReportFormatError", "analyze", "analyze_inputs", "analyze_trace", "find_inputs"]

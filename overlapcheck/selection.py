@@ -119,8 +119,14 @@ class Caller:
         return f"{name}=" if self.api else f"--{name.replace('_', '-')}"
 
     def pattern(self, pattern: str) -> str:
-        """`--rank-from 'x'` / `rank_from='x'`."""
-        return f"rank_from={pattern!r}" if self.api else f"--rank-from {pattern!r}"
+        """`--rank-from 'gpu(\\d+)'` / `rank_from=r'gpu(\\d+)'`: as typed in a shell or in Python, backslashes single
+        where that is exact (else Python's repr, which keeps a message on one line)."""
+        plain = pattern.isprintable() and "'" not in pattern
+        if not self.api:
+            return f"--rank-from '{pattern}'" if plain else f"--rank-from {pattern!r}"
+        if plain and "\\" in pattern and not pattern.endswith("\\"):
+            return f"rank_from=r'{pattern}'"
+        return f"rank_from={pattern!r}"
 
 
 CLI = Caller()

@@ -16,6 +16,7 @@ import os
 import shutil
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1495,9 +1496,9 @@ def test_a_selection_error_names_it_as_its_caller_wrote_it(
 
 
 def test_a_rank_from_that_matches_no_path_names_the_api_parameter(tmp_path: Path) -> None:
-    report = overlapcheck.analyze(job_folder(tmp_path / "job"), jobs=1, rank_from="gpu(\\d+)")
-    assert not report.ranks and len(report.errors) == 2
-    assert all("rank_from='gpu(\\\\d+)' does not match" in e.error for e in report.errors), report.errors
+    # round 3 (r3-api): one UserError, no longer a report with one error per file
+    with pytest.raises(UserError, match=r"^rank_from=r'gpu\(\\d\+\)' does not match any of the 2 traces' paths"):
+        overlapcheck.analyze(job_folder(tmp_path / "job"), jobs=1, rank_from="gpu(\\d+)")
 
 
 def test_a_rank_selection_with_rank_from_lists_the_ranks_the_pattern_reads(tmp_path: Path) -> None:
@@ -2090,3 +2091,211 @@ def test_a_comparison_given_as_a_report_is_named_as_what_it_is(tmp_path: Path) -
     assert code == 0, stderr
     code, _, stderr = cli("gate", str(tmp_path / "c.json"), "--min-overlap", "all=0.1")
     assert code == 2 and "an overlapcheck document of schema 'overlapcheck.compare/1', not a report" in stderr, stderr
+
+
+# ---- round 3 (r3-api): integers past int64, unbounded API selections, a bad dataframe level, ----------------
+# ---- backtracking --rank-from patterns, a baseline of a report with errors --------------------------------------
+
+NINES = "9" * 400  # valid JSON, beyond a float and any int64
+
+
+def _report_with_count(tmp_path: Path, literal: str) -> tuple[Path, Path]:
+    """A good report of two ranks, and a copy whose rank 0 `collectives.all.count` is the JSON `literal`."""
+    report = tmp_path / "report.json"
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--format", "json", "-o",
+                          str(report))  # fmt: skip
+    assert code == 0, stderr
+    doc = json.loads(report.read_text())
+    doc["ranks"][0]["collectives"]["all"]["count"] = 777777
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(doc).replace('"count": 777777', f'"count": {literal}', 1))
+    return report, edited
+
+
+@pytest.mark.parametrize("sign", ["", "-"], ids=["huge", "huge-negative"])
+@pytest.mark.parametrize("command", ["gate", "compare", "baseline-gate", "baseline-save"])
+def test_an_integer_beyond_int64_in_a_reports_integer_field_is_malformed(
+    tmp_path: Path, sign: str, command: str
+) -> None:
+    # was: OverflowError (int too large to convert to float) in report/present.per_step, or, negative, while
+    # formatting "is negative ({:g})" in model._check_split
+    report, edited = _report_with_count(tmp_path, sign + NINES)
+    args = {
+        "gate": ["gate", str(edited), "--min-overlap", "all=0.1"],
+        "compare": ["compare", str(edited), str(report)],
+        "baseline-gate": ["gate", str(report), "--min-overlap", "all=0.1", "--baseline", str(edited)],
+        "baseline-save": ["baseline", "save", str(edited), str(tmp_path / "base.json")],
+    }[command]
+    code, stdout, stderr = cli(*args)
+    assert code == 2 and "ranks[0].collectives.all.count is about " in stderr, stderr
+    assert "beyond a 64-bit integer" in stderr and stderr.count("\n") == 1, stderr
+    assert not (tmp_path / "base.json").exists()
+
+
+def test_an_int64_count_is_still_read(tmp_path: Path) -> None:
+    _, edited = _report_with_count(tmp_path, str(2**63 - 1))
+    assert overlapcheck.Report.from_dict(json.loads(edited.read_text())).ranks[0].collectives["all"].count == 2**63 - 1
+
+
+def test_a_summary_with_an_integer_beyond_int64_is_refused_in_one_line(tmp_path: Path) -> None:
+    # was: `report RUN` raised OverflowError when a rank's summary held a 400-digit step count
+    def tamper(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+        if r == 1:
+            doc["ranks"][0]["steps"][0]["collectives"]["all"]["count"] = 777777
+        return doc
+
+    run = _run_with_summaries(tmp_path / "run", tamper, traces=False)
+    summary = run / "rank1.summary.json"
+    summary.write_text(summary.read_text().replace('"count": 777777', f'"count": {NINES}', 1))
+    code, _, stderr = cli("report", str(run), "-j", "1")
+    assert code == 2 and "rank1.summary.json" in stderr and "beyond a 64-bit integer" in stderr, stderr
+
+
+def test_api_report_from_dict_refuses_an_integer_no_json_parser_would_even_print(tmp_path: Path) -> None:
+    # was: Report.from_dict took it; every reader of the Report then raised OverflowError
+    from builders import make_report
+
+    from overlapcheck.model import ReportFormatError
+
+    doc = make_report().to_dict()
+    doc["ranks"][0]["collectives"]["all"]["count"] = -(10**5000)  # beyond str()'s 4,300 digits too
+    with pytest.raises(ReportFormatError, match=r"collectives\.all\.count is about -10\^5000, beyond a 64-bit"):
+        overlapcheck.Report.from_dict(doc)
+
+
+@pytest.mark.parametrize("value", [-(10**400), -1e300, float("-inf"), -5])
+def test_a_negative_splits_message_never_raises(value: float) -> None:
+    # was: f"{value:g}" raised OverflowError on an integer beyond a float
+    from overlapcheck.model import _check_split, _Shape
+
+    with pytest.raises(_Shape, match=r"x\.time_us is negative \("):
+        _check_split({"time_us": value}, "x")
+    with pytest.raises(_Shape, match=r"x\.overlap is .*, not a fraction"):
+        _check_split({"overlap": -value}, "x")
+
+
+def _endless(limit: int) -> Iterator[int]:
+    """0, 1, 2, ...: consumed past `limit`, the test fails instead of running out of memory."""
+    yield from range(limit + 1)
+    raise AssertionError(f"the selection was iterated past {limit:,} numbers")
+
+
+@contextmanager
+def _within(seconds: int) -> Iterator[None]:
+    """TimeoutError if the block runs longer than `seconds` (a Python loop is interrupted; C code is not)."""
+    import signal
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("what", ["ranks", "steps"])
+@pytest.mark.parametrize("shape", ["range", "generator", "stepped-range"])
+def test_api_a_selection_of_more_numbers_than_a_job_has_is_refused_at_once(what: str, shape: str) -> None:
+    # was: ranks=range(10**12) expanded one number at a time: a hang with unbounded memory
+    values: Any = {
+        "range": range(10**12),
+        "generator": _endless(5_000_000),
+        "stepped-range": range(0, 10**13, 7),
+    }[shape]
+    with _within(20), pytest.raises(UserError, match=f"^{what}[=:]") as caught:
+        overlapcheck.analyze("sample_traces/bucket-too-large", jobs=1, **{what: values})
+    assert "more than" in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+def test_api_a_range_selection_is_held_as_a_range() -> None:
+    from overlapcheck.pipeline import _api_numbers
+    from overlapcheck.selection import Numbers
+
+    assert _api_numbers(range(100, 10**6), "ranks") == Numbers.from_ranges([(100, 10**6 - 1)])
+    assert _api_numbers(range(10, 0, -1), "steps") == Numbers.of(range(1, 11))
+    assert _api_numbers(range(0, 10, 3), "steps") == Numbers.of([0, 3, 6, 9])
+    assert _api_numbers(range(5, 5), "steps") == Numbers.of([])
+    with pytest.raises(UserError, match="ranks: '-1' is not a rank number"):
+        _api_numbers(range(-1, 5), "ranks")
+    with pytest.raises(UserError, match="steps: '9223372036854775808' is not a step number"):
+        _api_numbers(range(2**63 - 2, 2**63 + 1), "steps")
+
+
+def test_api_a_dataframe_of_an_unknown_level_is_a_user_error_listing_the_levels() -> None:
+    # was: a builtin ValueError, not the package's UserError
+    from builders import make_report
+
+    for level in ("rank", ["ranks"], None):
+        with pytest.raises(UserError, match="ranks, collectives, steps, phases, modules, findings"):
+            make_report().dataframe(level)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+c", "(a*)*", "(?:x|y+)*z", r"rank(\d+)(-(a|b+)*)+", "((ab)*c+)+?"])
+def test_a_rank_from_that_nests_repetitions_is_refused_at_once(tmp_path: Path, pattern: str) -> None:
+    # was: `--rank-from '(a+)+c'` on a file named rank0-aaaa...a.json.gz never ended (exponential backtracking)
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / f"rank0-{'a' * 20}.json").write_bytes(doc_bytes(rank=0, world=1))  # 32 a's: past 130 s
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", pattern)
+    assert code == 2 and stdout == "", stderr
+    assert f"--rank-from '{pattern}' nests repetitions, which can take exponential time" in stderr, stderr
+    with pytest.raises(UserError, match="^rank_from=.* nests repetitions"):
+        overlapcheck.analyze(folder, jobs=1, rank_from=pattern)
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"gpu(\d+)", r"(?:ab)*gpu(\d+)", r"^.*?/gpu(\d{1,6})\.json", r"(?:g|p|u)+?(\d+)(?:\.json)+"]
+)
+def test_a_rank_from_without_nested_repetitions_is_read(tmp_path: Path, pattern: str) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in range(2):
+        (folder / f"gpu{r}.json").write_bytes(doc_bytes(rank=r, world=2))
+    ranks = [r.rank for r in overlapcheck.analyze(folder, jobs=1, rank_from=pattern).ranks]
+    assert ranks == [0, 1]
+
+
+def test_a_rank_pattern_is_checked_without_the_private_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlapcheck import pipeline
+
+    monkeypatch.setattr(pipeline, "_regex_parser", lambda: None)
+    pipeline._nests_repetitions.cache_clear()
+    assert pipeline.compile_rank_pattern("(a+)+c").pattern == "(a+)+c"  # no parser: no refusal, no crash
+    pipeline._nests_repetitions.cache_clear()
+
+
+def test_a_rank_from_that_matches_no_path_is_one_line_written_as_typed(tmp_path: Path) -> None:
+    # was: one error per file (each read in full first), each printing the regex with doubled backslashes
+    folder = job_folder(tmp_path / "job", world=3)
+    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"gpu(\d+)")
+    errors = [line for line in stderr.splitlines() if "error" in line]
+    assert code == 2 and len(errors) == 1, stderr
+    assert r"--rank-from 'gpu(\d+)' does not match any of the 3 traces' paths (such as rank0.json)" in errors[0]
+    code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"rank(x)?")
+    assert code == 2 and len(stderr.splitlines()) == 1, stderr
+    assert "--rank-from 'rank(x)?' reads no rank in any of the 3 traces' paths (rank0.json: matches ''" in stderr
+
+
+def test_a_rank_from_that_matches_some_paths_lists_each_other_file(tmp_path: Path) -> None:
+    folder = job_folder(tmp_path / "job")
+    (folder / "rank1.json").rename(folder / "gpu1.json")
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json", "--rank-from", r"rank(\d+)")
+    assert code == 2 and [r["rank"] for r in json.loads(stdout)["ranks"]] == [0], stderr
+    assert r"gpu1.json: --rank-from 'rank(\d+)' does not match this file's path" in stderr, stderr
+
+
+def test_a_baseline_of_a_report_that_lists_unreadable_inputs_is_refused(tmp_path: Path) -> None:
+    # was: `analyze` exited 2 and wrote the report with 1 error; `baseline save` then said "saved baseline: 1 ranks"
+    folder = job_folder(tmp_path / "job")
+    (folder / "rank1.json").write_text("garbage")
+    report = tmp_path / "r.json"
+    code, _, _ = cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(report))
+    assert code == 2 and len(json.loads(report.read_text())["errors"]) == 1
+    code, stdout, stderr = cli("baseline", "save", str(report), str(tmp_path / "base.json"))
+    assert code == 2 and stdout == "", stderr
+    assert "the report lists 1 unreadable input" in stderr and "a baseline must be whole" in stderr, stderr
+    assert not (tmp_path / "base.json").exists()

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import overlapcheck
 from overlapcheck.cli import main
+from overlapcheck.errors import UserError
 from overlapcheck.model import COLLECTIVE_KEYS, Report, ReportFormatError
 from overlapcheck.report.json import JsonRenderer
 
@@ -81,7 +82,7 @@ def test_dataframes(straggler: Report, level: str, rows: int | None, columns: se
         assert straggler.modules is not None and len(df) == len(straggler.modules.rows)
         assert df["module"].isna().all()
         assert df["time_us"].sum() == pytest.approx(sum(r.time_us for r in straggler.modules.rows))
-    with pytest.raises(ValueError, match="unknown level"):
+    with pytest.raises(UserError, match="unknown level"):
         straggler.dataframe("kernels")
 
 

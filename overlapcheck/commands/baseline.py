@@ -33,6 +33,13 @@ def save(report_path: str, baseline_path: str, force: bool) -> None:
     report, raw = read_report(report_path)
     if not report.ranks:  # every later gate would compare with nothing; gate fails such a report too
         raise UserError("the report has no ranks (nothing was measured): it cannot be a baseline", report_path)
+    if report.errors:  # its ranks are a part of the job: every later gate would compare the whole job with a part
+        n, first = len(report.errors), " ".join(report.errors[0].error.split())[:200]
+        raise UserError(
+            f"the report lists {n} unreadable input{'s' if n != 1 else ''} (first: {first}): "
+            "a baseline must be whole; analyze the job again once every input reads",
+            report_path,
+        )
     atomic_write(baseline_path, raw, force)
     median = reduce_ranks(report, lambda r: r.overlap(), "median", higher_is_worse=False)
     click.echo(f"saved baseline {baseline_path}: {len(report.ranks)} ranks, overlap (median) {pct(median.value)}")
