@@ -406,7 +406,8 @@ def analyze_trace(
     del acts
     if named is not None and named != metrics.rank:
         said = f"distributedInfo.rank {metrics.rank}" if metrics.rank is not None else "no rank"
-        note = f"rank {named} from the file's path (--rank-from); the trace says {said}"
+        option = options.caller.option("rank_from").rstrip("=")
+        note = f"rank {named} from the file's path ({option}); the trace says {said}"
         metrics = dataclasses.replace(metrics, rank=named, notes=[*metrics.notes, note])
     metrics = with_bandwidth(model, metrics, job)
     if options.steps is not None:

@@ -936,6 +936,8 @@ def test_rank_from_names_ranks_the_reader_cannot_place(tmp_path: Path) -> None:
     ranks = json.loads(stdout)["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1]
     assert any("rank 1 from the file's path (--rank-from)" in n for n in ranks[1]["notes"])
+    api = overlapcheck.analyze(folder, rank_from=r"gpu(\d+)", jobs=1)  # the API's note names its parameter
+    assert any("rank 1 from the file's path (rank_from)" in n for n in api.ranks[1].notes), api.ranks[1].notes
     code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"gpu(\d+")
     assert code == 2 and "not a regular expression" in stderr and len(stderr.splitlines()) == 1
     code, _, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", r"node(\d+)")
