@@ -2301,3 +2301,12 @@ def test_a_baseline_of_a_report_that_lists_unreadable_inputs_is_refused(tmp_path
     assert code == 2 and stdout == "", stderr
     assert "the report lists 1 unreadable input" in stderr and "a baseline must be whole" in stderr, stderr
     assert not (tmp_path / "base.json").exists()
+
+
+def test_communication_that_lasts_no_time_is_said(tmp_path: Path) -> None:
+    # was: every kernel at dur 0: "no communication to measure", and no word of the 22 kernels that were there
+    events = [{**e, "dur": 0} if e.get("cat") == "kernel" else e for e in good_events()]
+    trace = tmp_path / "rank0.json"
+    trace.write_bytes(doc_bytes(events, rank=0, world=1))
+    notes = overlapcheck.analyze(trace, jobs=1).ranks[0].notes
+    assert any("all 1 communication activities last 0 µs" in n for n in notes), notes

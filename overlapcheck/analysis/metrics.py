@@ -87,6 +87,11 @@ def analyze_model(model: TraceModel, acts: Activities | None = None) -> RankMetr
         notes.append("no GPU kernels and no gloo communication threads: nothing to measure, overlap is null")
     elif not is_comm.any():
         notes.append(issued_not_recorded(model) or "no communication kernels: overlap is null")
+    elif not (acts.end[is_comm] > acts.start[is_comm]).any():
+        notes.append(
+            f"all {int(is_comm.sum())} communication activities last 0 µs: the trace holds no time for them "
+            "(a profiler that dropped the GPU's timestamps?), so their overlap is not measured"
+        )
     if len(model.steps) == 0 and len(acts):
         notes.append("no ProfilerStep annotations: per-step numbers are not available")
     elif acts.lanes == "gpu" and len(acts) and acts.issued is not None and np.isnan(acts.issued).all():
