@@ -395,7 +395,7 @@ def analyze_trace(
     options = options or Options()
     named = rank_by_pattern(path, options.rank_from, options.caller) if options.rank_from is not None else None
     model = load_trace(path, progress, workers)
-    model.notes.extend(_long_names(model) + _precision_notes(model, path))
+    model.notes.extend(_long_names(model) + _precision_notes(model))
     in_trace = tuple(sorted({int(n) for n in model.steps.number}))
     if options.steps is not None:
         model = restrict_to_steps(model, [n for n in in_trace if n in options.steps])  # the selection is not expanded
@@ -426,8 +426,7 @@ def analyze_trace(
 
 
 MAX_NAME = 8192  # characters of a name in the outputs (a 1 MB name made a 200 MB page; C++ templates reach 5,000)
-FINE_US = 1.0  # a timestamp's float step (µs) from which sub-µs durations are lost
-COARSE_US = 1000.0  # ... and from which nothing can be measured (kernels last µs to ms): the file is an error
+FINE_US = 1.0  # a timestamp's float step (µs) from which sub-µs durations are lost (trace/model.py: COARSE_US)
 
 
 def _long_names(model: TraceModel) -> list[str]:
@@ -442,10 +441,10 @@ def _long_names(model: TraceModel) -> list[str]:
     return [f"{cut} names longer than {MAX_NAME} characters were cut to {MAX_NAME} in every output"] if cut else []
 
 
-def _precision_notes(model: TraceModel, path: str) -> list[str]:
+def _precision_notes(model: TraceModel) -> list[str]:
     """A note when the timestamps are so large that float64 cannot tell sub-µs apart (2^52 µs and beyond: every
-    duration shorter than the float step is lost); a UserError from a 1 ms step (2^62 µs and beyond, 1e300),
-    where every kernel's duration is lost and any verdict would be made up."""
+    duration shorter than the float step is lost). The reader has already left out the times where nothing can
+    be measured (beyond 2^62 µs, a 1 ms step) and refused a trace whose GPU work lies there (trace/model.py)."""
     largest = 0.0
     for table in (model.gpu, model.runtime, model.ops, model.syncs, model.steps):
         for column in ("start", "end"):
@@ -455,15 +454,6 @@ def _precision_notes(model: TraceModel, path: str) -> list[str]:
     step = float(np.spacing(largest)) if largest > 0 else 0.0
     if step < FINE_US:
         return []
-    # the error judges the GPU work's typical time, so that one wild event among good ones is only the note
-    starts = model.gpu.start if len(model.gpu) else model.ops.start
-    typical = float(np.median(np.abs(starts))) if len(starts) else largest
-    if np.spacing(typical) >= COARSE_US:
-        raise UserError(
-            f"timestamps reach {typical:.3g} µs, where a float64 time moves in steps of {np.spacing(typical):.3g} "
-            "µs: no kernel's duration can be measured (is the trace's clock in µs since the epoch or boot?)",
-            path,
-        )
     return [
         f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: durations and "
         "gaps shorter than that are lost or rounded (is the trace's clock in µs since the epoch or boot?)"

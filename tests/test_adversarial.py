@@ -3,7 +3,7 @@
 in the rank's `notes`) or refused with one line on stderr and exit code 2, the other ranks still reported.
 
 Families: integers beyond 64 bits in every numeric field, nesting 10^5 deep, negative / huge / infinite
-times, duplicate `traceEvents` keys, bad ranks, truncated and corrupt gzip, whitespace and bracket runs,
+times, duplicate `traceEvents` keys and duplicated events, a second GPU's activity, bad ranks, truncated and corrupt gzip, whitespace and bracket runs,
 FIFOs, devices, broken links and loops, wrong field types, malformed JSON.
 """
 
@@ -199,7 +199,9 @@ def _time_cases() -> Iterator[Case]:
         "negative-dur": ({"dur": -5}, "ok", "negative duration"),
         "huge-negative-dur": ({"dur": -1e308}, "ok", "negative duration"),
         "infinite-end": ({"ts": 1e308, "dur": 1.7e308}, "ok", "infinite or NaN"),
-        "huge-ts": ({"ts": 1e308, "dur": 1}, "ok", None),
+        "huge-ts": ({"ts": 1e308, "dur": 1}, "ok", "beyond 2^62 µs"),
+        "huge-dur": ({"dur": 1e308}, "ok", "beyond 2^62 µs"),  # was: read, its end at 1e308 µs
+        "ts-1e30": ({"ts": 1e30}, "ok", "beyond 2^62 µs"),  # was: read, a float step of 1.4e14 µs
         "negative-ts": ({"ts": -1e15, "dur": 5}, "ok", None),
         "zero-dur": ({"dur": 0}, "ok", None),
         "ts-1e999": ({"ts": "__1e999__"}, "error", "out of range"),
@@ -223,6 +225,9 @@ def _time_cases() -> Iterator[Case]:
         "dur": 1e308,
     }
     yield file_case("time-infinite-step", doc_bytes(good_events() + [step]), expect="ok", note="infinite or NaN")
+    # was: OverflowError (fsum of the exposed times, hideability)
+    wild = [kernel(NCCL, 100 + i, 1e308, stream=20, **{"In msg nelems": 1024, "dtype": "BFloat16"}) for i in (0, 1)]
+    yield file_case("time-huge-dur-collectives", doc_bytes(good_events() + wild), expect="ok", note="beyond 2^62 µs")
 
 
 def _duplicate_cases() -> Iterator[Case]:
@@ -235,8 +240,23 @@ def _duplicate_cases() -> Iterator[Case]:
     yield file_case("dup-empty-second", b'{"traceEvents": [' + ev + b'], "traceEvents": []}', expect="ok", note=dup)
     yield file_case("dup-nested-key", b'{"x": {"traceEvents": [1]}, "traceEvents": [' + ev + b"]}", expect="ok")
     yield file_case("key-in-a-string", b'{"x": "\\"traceEvents\\": [", "traceEvents": [' + ev + b"]}", expect="ok")
+    # was: every count, byte and transfer time doubled, without a word
+    twice = good_events() + [e for e in good_events() if e["ph"] != "M"]
+    yield file_case("dup-every-event", doc_bytes(twice), expect="ok", note="exact copies of earlier ones")
+    yield file_case("dup-kernel", doc_bytes(good_events() + [kernel()]), expect="ok", note="1 GPU activity")
     yield file_case("events-an-object", b'{"traceEvents": {"a": 1}}', expect="error", message="not a trace")
     yield file_case("events-a-string", b'{"traceEvents": "[]"}', expect="error", message="not a trace")
+
+
+def _device_cases() -> Iterator[Case]:
+    # was: a second GPU's compute was read as the rank's own and hid its communication, without a word
+    other = dict(kernel(GEMM, 30, 40, device=1), pid=1)
+    note = "GPU activity on 2 devices (0, 1)"
+    yield file_case("device-second-gpu-compute", doc_bytes(good_events() + [other]), expect="ok", note=note)
+    cuda1 = dict(kernel(GEMM, 30, 40, device="cuda:1"), pid=1)
+    yield file_case("device-second-gpu-string", doc_bytes(good_events() + [cuda1]), expect="ok", note=note)
+    unknown = dict(kernel(GEMM, 30, 40, device=None), pid=1)
+    yield file_case("device-unknown", doc_bytes(good_events() + [unknown]), expect="ok")
 
 
 def _rank_cases() -> Iterator[Case]:
@@ -423,8 +443,8 @@ def _malformed_cases() -> Iterator[Case]:
 
 def adversarial_cases() -> list[Case]:
     """The whole corpus (built lazily by each case's `make`)."""
-    families = (_overflow_cases, _nesting_cases, _time_cases, _duplicate_cases, _rank_cases, _gzip_cases,
-                _size_cases, _special_file_cases, _malformed_cases)  # fmt: skip
+    families = (_overflow_cases, _nesting_cases, _time_cases, _duplicate_cases, _device_cases, _rank_cases,
+                _gzip_cases, _size_cases, _special_file_cases, _malformed_cases)  # fmt: skip
     return [case for family in families for case in family()]
 
 
@@ -2310,3 +2330,116 @@ def test_communication_that_lasts_no_time_is_said(tmp_path: Path) -> None:
     trace.write_bytes(doc_bytes(events, rank=0, world=1))
     notes = overlapcheck.analyze(trace, jobs=1).ranks[0].notes
     assert any("all 1 communication activities last 0 µs" in n for n in notes), notes
+
+
+# ---- round 3 (r3-trace): duplicated events, a second GPU, times beyond reason ------------------------------
+
+
+def _sample_copy(folder: Path, change: Callable[[int, dict[str, Any]], None], name: str = "bucket-too-large") -> Path:
+    """The sample set `name`'s rank traces, each changed in place by `change(rank, document)`, written as JSON."""
+    folder.mkdir(parents=True)
+    for trace in sorted((SAMPLES / name).glob("rank*.trace.json.gz")):
+        rank = int(trace.name.split(".")[0][4:])
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        change(rank, doc)
+        (folder / f"rank{rank}.json").write_text(json.dumps(doc))
+    return folder
+
+
+def _without_notes(report: dict[str, Any]) -> dict[str, Any]:
+    """A JSON report without what tells two copies of the same traces apart: the notes and the file names."""
+    out = json.loads(json.dumps(report))
+    out.pop("notes", None)
+    for rank in out["ranks"]:
+        rank.pop("notes", None)
+        rank.pop("source", None)
+    return out
+
+
+def _report(path: Path) -> dict[str, Any]:
+    code, stdout, stderr, exc = analyze(path)
+    assert exc is None and code == 0, stderr
+    return json.loads(stdout)
+
+
+def test_every_event_twice_is_counted_once_and_said(tmp_path: Path) -> None:
+    # was: 22 collectives read as 44, bytes and transfer time per step doubled, and a reduce-transfer-bound
+    # finding appeared, without a word
+    def twice(rank: int, doc: dict[str, Any]) -> None:
+        doc["traceEvents"] += [e for e in doc["traceEvents"] if e.get("ph") != "M"]
+
+    plain = _report(_sample_copy(tmp_path / "plain", lambda r, d: None))
+    doubled = _report(_sample_copy(tmp_path / "doubled", twice))
+    assert _without_notes(doubled) == _without_notes(plain)
+    for rank in doubled["ranks"]:
+        said = [n for n in rank["notes"] if "exact copies of earlier ones" in n]
+        assert said and "GPU activities" in said[0], rank["notes"]
+    assert not any("exact copies" in n for rank in plain["ranks"] for n in rank["notes"])
+
+
+def test_a_second_gpus_compute_does_not_hide_a_ranks_communication(tmp_path: Path) -> None:
+    # was: compute kernels copied to device 1 (pid 1) raised the rank's overlap from 0.535 to 0.728, without a note
+    def second_gpu(rank: int, doc: dict[str, Any]) -> None:
+        extra = []
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "kernel" and "nccl" not in e["name"]:
+                copy = json.loads(json.dumps(e))
+                copy["pid"], copy["args"]["device"], copy["ts"] = 1, 1, e["ts"] + 3000.0
+                copy["args"].pop("correlation", None)
+                extra.append(copy)
+        doc["traceEvents"] += extra
+
+    plain = _report(_sample_copy(tmp_path / "plain", lambda r, d: None))
+    two = _report(_sample_copy(tmp_path / "two", second_gpu))
+    assert _without_notes(two) == _without_notes(plain)
+    for rank in two["ranks"]:
+        said = [n for n in rank["notes"] if n.startswith("GPU activity on 2 devices (0, 1)")]
+        assert said and "only device 0's" in said[0], rank["notes"]
+    assert not any("devices" in n for rank in plain["ranks"] for n in rank["notes"])
+
+
+def test_nccl_kernels_on_two_devices_are_said_and_all_measured(tmp_path: Path) -> None:
+    # was: a rank whose communication ran on two GPUs was measured as one GPU's, without a note
+    events = good_events() + [
+        dict(kernel(GEMM, 200, 40, device=1), pid=1),
+        dict(kernel(NCCL, 210, 40, stream=20, device=1, **{"In msg nelems": 1024, "dtype": "BFloat16"}), pid=1),
+    ]
+    (tmp_path / "rank0.json").write_bytes(doc_bytes(events))
+    report = overlapcheck.analyze(tmp_path / "rank0.json", jobs=1)
+    rank = report.ranks[0]
+    said = [n for n in rank.notes if n.startswith("GPU activity on 2 devices (0, 1)")]
+    assert said and "its NCCL kernels run on devices 0, 1" in said[0], rank.notes
+    assert rank.collectives["all"].count == 2
+
+
+@pytest.mark.parametrize("where", ["dur", "ts"])
+def test_times_beyond_reason_are_left_out_with_a_note_cli_and_api(tmp_path: Path, where: str) -> None:
+    # was: both ReduceScatter kernels with "dur": 1e308 crashed with OverflowError (fsum, hideability); every
+    # python_function at "ts": 1e30 with IndexError (launched_in)
+    def wild(rank: int, doc: dict[str, Any]) -> None:
+        if rank:
+            return
+        for e in doc["traceEvents"]:
+            if where == "dur" and e.get("cat") == "kernel" and "ReduceScatter" in e["name"]:
+                e["dur"] = 1e308
+            if where == "ts" and e.get("cat") == "python_function":
+                e["ts"] = 1e30
+
+    folder = _sample_copy(tmp_path / "t", wild)
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json")
+    assert code == 0 and "Traceback" not in stderr, stderr
+    notes = json.loads(stdout)["ranks"][0]["notes"]
+    assert any("beyond 2^62 µs" in n and "were left out" in n for n in notes), notes
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert any("beyond 2^62 µs" in n for n in report.ranks[0].notes)
+
+
+def test_python_frames_without_duration_are_no_crash(tmp_path: Path) -> None:
+    # was: every python_function with "dur": 0 (an instant) crashed reduce-scatter-deferred with IndexError
+    def instants(rank: int, doc: dict[str, Any]) -> None:
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "python_function":
+                e["dur"] = 0
+
+    report = overlapcheck.analyze(_sample_copy(tmp_path / "t", instants), jobs=1)
+    assert [r.rank for r in report.ranks] == [0, 1]

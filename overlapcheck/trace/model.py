@@ -5,8 +5,11 @@ Built in a single pass over the decoded event batches; no list of event dicts is
 
 Values that do not fit are kept out without per-event checks, and said in `notes`: an integer outside its
 column's range (a correlation, stream or byte count >= 2**63, a digit string of any length) is read as
-unknown (-1) when a batch's one-shot conversion overflows; events whose time is not finite are dropped by a
-vectorized check at the end; negative durations are counted on the zero-duration path only.
+unknown (-1) when a batch's one-shot conversion overflows; events whose time or end is not finite, or beyond
+MAX_TIME_US, are dropped by a vectorized check at the end; negative durations are counted on the
+zero-duration path only. Exact copies of a GPU activity, runtime call, cuda_sync event or flow (a trace
+concatenated or merged twice) are counted once, and the activities of a second GPU are left out when the
+rank's NCCL kernels tell which device is its own (`_own_device`): both said in `notes`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from overlapcheck.errors import UserError
 from overlapcheck.trace import classify as C
 from overlapcheck.trace.events import Event
 from overlapcheck.trace.launch import enclosing, kinds_from_launch, launches
@@ -28,6 +32,8 @@ _STREAM_IN_TID = re.compile(r"(\d+)")
 _MAX_DIGITS = 19  # a longer digit string does not fit an int64 column (and int() refuses over 4300 digits)
 _INT64 = 1 << 63
 _TOO_BIG = 1 << 64  # what such a string reads as: out of every column's range, so it is noted and dropped
+COARSE_US = 1000.0  # a float64 time's step (µs) from which nothing can be measured (kernels last µs to ms)
+MAX_TIME_US = 2.0**62  # where that step is reached (1024 µs; 146,000 years): a time at or beyond it is no time
 
 
 class Table:
@@ -514,6 +520,9 @@ class ModelBuilder:
                 f"ProfilerStep numbers repeat ({repeated}; a profiler restarted, or traces joined?): only the first "
                 "step of each number is a step, the later ones' activity counts outside steps"
             )
+        notes += _drop_copies(tables)
+        tables["gpu"], device_note = _own_device(tables["gpu"])
+        notes += device_note
         if self.comms and len(tables["gpu"]):
             self._sizes_from_comms(tables["gpu"], tables["runtime"], self.comms)
         if self.shapes and len(tables["gpu"]):
@@ -529,21 +538,8 @@ class ModelBuilder:
                 "end": np.array([s[2] for s in steps], dtype=np.float64),
             }
         )
-        dropped = 0
-        for family in (*_FAMILIES, "steps"):
-            table = tables[family] if family != "steps" else steps_table
-            finite = np.isfinite(table.start)
-            if hasattr(table, "end"):
-                finite &= np.isfinite(table.end)
-            if not finite.all():
-                dropped += int(len(finite) - finite.sum())
-                table = table.take(finite)
-                if family == "steps":
-                    steps_table = table
-                else:
-                    tables[family] = table
-        if dropped:
-            notes.append(f"{dropped} events with an infinite or NaN time or end were left out")
+        tables["steps"] = steps_table
+        notes += _sensible_times(tables, self.source)
         return TraceModel(
             source=self.source,
             metadata=metadata,
@@ -553,7 +549,7 @@ class ModelBuilder:
             ops=tables["ops"],
             syncs=tables["syncs"],
             flows=tables["flows"],
-            steps=steps_table,
+            steps=tables["steps"],
             threads=threads,
             notes=notes,
         )
@@ -600,6 +596,140 @@ class ModelBuilder:
             fields = ", ".join(f"{key} ({n})" for key, n in sorted(counts.items()))
             notes.append(f"integers out of range, read as unknown (-1): {fields}")
         return notes
+
+
+def _sensible_times(tables: dict[str, Table], source: str) -> list[str]:
+    """Drop, in `tables`, the events whose time or end is infinite, NaN or at least MAX_TIME_US away from 0 (one
+    vectorized pass per column), and say how many. A UserError when the GPU work's typical time is that far
+    (every kernel's duration lost: any verdict would be made up); one wild event among good ones is only noted."""
+    _refuse_coarse_clock(tables, source)
+    infinite = beyond = 0
+    for family, table in tables.items():
+        ok = np.abs(table.start) < MAX_TIME_US  # False for NaN
+        if hasattr(table, "end"):
+            ok &= np.abs(table.end) < MAX_TIME_US
+        if ok.all():
+            continue
+        bad = np.flatnonzero(~ok)
+        finite = np.isfinite(table.start[bad])
+        if hasattr(table, "end"):
+            finite &= np.isfinite(table.end[bad])
+        infinite += int(len(bad) - finite.sum())
+        beyond += int(finite.sum())
+        tables[family] = table.take(ok)
+    notes = []
+    if infinite:
+        notes.append(f"{infinite} events with an infinite or NaN time or end were left out")
+    if beyond:
+        notes.append(
+            f"{beyond} events with a time or end beyond 2^62 µs (146,000 years, where a float64 time moves in steps "
+            "of a millisecond: no duration can be measured) were left out"
+        )
+    return notes
+
+
+def _refuse_coarse_clock(tables: dict[str, Table], source: str) -> None:
+    """The UserError of a trace whose typical time (the median GPU start, else CPU op start, else the largest
+    time) is where a float64 time moves in steps of COARSE_US or more."""
+    typical = 0.0
+    for family in ("gpu", "ops"):
+        starts = tables[family].start
+        starts = np.abs(starts[np.isfinite(starts)])
+        if len(starts):
+            typical = float(np.median(starts))
+            break
+    else:
+        for family in ("gpu", "runtime", "ops", "syncs", "steps"):
+            for column in ("start", "end"):
+                values = getattr(tables[family], column, None)
+                if values is not None and len(values := np.abs(values[np.isfinite(values)])):
+                    typical = max(typical, float(values.max()))
+    if np.spacing(typical) >= COARSE_US:
+        raise UserError(
+            f"timestamps reach {typical:.3g} µs, where a float64 time moves in steps of {np.spacing(typical):.3g} "
+            "µs: no kernel's duration can be measured (is the trace's clock in µs since the epoch or boot?)",
+            source,
+        )
+
+
+# the families whose exact copies are one event: a GPU activity, or a host record with its correlation (unique
+# per CUDA call); the CPU ops are not among them (nested ops of one thread can share every column the model
+# keeps: whole-µs times, one name, as `aten::zeros` inside `aten::zeros` in real traces)
+_COPIES = {
+    "gpu": ("GPU activity", "GPU activities"),
+    "runtime": ("runtime call", "runtime calls"),
+    "syncs": ("cuda_sync event", "cuda_sync events"),
+    "flows": ("flow start", "flow starts"),
+}
+
+
+def _drop_copies(tables: dict[str, Table]) -> list[str]:
+    """Drop, in `tables`, every row equal in each column to an earlier row of its family (a GPU activity, or a
+    host record with a known correlation), and say how many of each family were copies."""
+    counts = []
+    for family, (one, many) in _COPIES.items():
+        table = tables[family]
+        copies = _later_copies(table)
+        if copies is not None and family != "gpu":
+            copies &= table.correlation >= 0
+        if copies is None or not copies.any():
+            continue
+        n = int(copies.sum())
+        counts.append(f"{n} {one if n == 1 else many}")
+        tables[family] = table.take(~copies)
+    if not counts:
+        return []
+    return [f"events that are exact copies of earlier ones were counted once: {', '.join(counts)} (a trace joined "
+            "or merged twice?)"]  # fmt: skip
+
+
+def _later_copies(table: Table) -> np.ndarray | None:
+    """Which rows equal an earlier row in every column; None when no two rows share a start. One stable sort
+    by start (near-linear on a trace's time-ordered runs); only the rows sharing a start are compared whole."""
+    n = len(table)
+    if n < 2:
+        return None
+    order = np.argsort(table.start, kind="stable")
+    start = table.start[order]
+    tie = start[1:] == start[:-1]
+    if not tie.any():
+        return None
+    in_tie = np.zeros(n, dtype=bool)
+    in_tie[1:] |= tie
+    in_tie[:-1] |= tie
+    rows = np.sort(order[in_tie])  # in file order: of equal rows, the first is kept
+    columns = [getattr(table, c)[rows] for c in table._columns]
+    key = np.lexsort(columns[::-1])  # stable: equal rows stay in file order
+    same = np.ones(len(rows) - 1, dtype=bool)
+    for values in columns:
+        v = values[key]
+        same &= v[1:] == v[:-1]
+    copies = np.zeros(n, dtype=bool)
+    copies[rows[key[1:][same]]] = True
+    return copies
+
+
+def _own_device(gpu: Table) -> tuple[Table, list[str]]:
+    """The GPU activities of the rank's own device, and a note, when they ran on several: a rank drives one
+    device, the one its NCCL kernels run on; another device's compute must not count as hiding its
+    communication. When the NCCL kernels run on several devices, or on none, all are kept and the note says so.
+    Activities of unknown device (-1) are kept."""
+    known = gpu.device[gpu.device >= 0]
+    if not len(known) or known.min() == known.max():
+        return gpu, []
+    devices = np.unique(known).tolist()
+    listed = f"GPU activity on {len(devices)} devices ({', '.join(map(str, devices))})"
+    comm = np.unique(gpu.device[(gpu.cls == C.COMM) & (gpu.device >= 0)]).tolist()
+    if len(comm) != 1:
+        why = f"its NCCL kernels run on devices {', '.join(map(str, comm))}" if comm else "no NCCL kernel on any"
+        return gpu, [f"{listed}: all measured as one rank's ({why}); a rank drives one device"]
+    own = comm[0]
+    other = (gpu.device >= 0) & (gpu.device != own)
+    n = int(other.sum())
+    return gpu.take(~other), [
+        f"{listed}: only device {own}'s, where the rank's NCCL kernels run, is measured ({n} activities of the "
+        "other devices left out: a rank drives one device)"
+    ]
 
 
 def _first_of_each_number(steps: list[tuple[int, float, float]]) -> tuple[list[tuple[int, float, float]], str]:

@@ -64,6 +64,8 @@ def launched_in(view: RankFacts, function: str) -> np.ndarray:
     if not len(frames):
         return np.zeros(len(view.gpu), dtype=bool)
     spans = iv.union(o.start[frames], o.end[frames])
+    if not len(spans):  # every frame an instant: nothing was launched inside one
+        return np.zeros(len(view.gpu), dtype=bool)
     i = np.searchsorted(spans.starts, view.launch, side="right") - 1
     return (i >= 0) & (view.launch < spans.ends[np.maximum(i, 0)])
 
