@@ -61,6 +61,8 @@ def main() -> int:
         engine.step()
         if times is not None:
             times.write(f"{step} {time.perf_counter() - started:.6f}\n")
+        if step == args.fail_at:
+            torch.distributed.barrier()  # every rank has exported its window (in its step call) before one fails
         if step == args.fail_at and args.fail_rank in (-1, rank):
             print(f"rank {rank}: failing on purpose after step {step}", file=sys.stderr)
             sys.stderr.flush()
