@@ -162,10 +162,9 @@ def _resized_traces(found: Inputs) -> list[str]:
         if isinstance(trace, str) and isinstance(size, int) and not isinstance(size, bool):
             recorded[os.path.normpath(os.path.join(folder, trace))] = size
     paths = found.traces + [s.trace for s in found.summaries if s.trace is not None]
+    now = {p: found.sizes.get(p) or file_size(p) for p in paths if os.path.normpath(p) in recorded}
     moved = [
-        (p, recorded[key], file_size(p))
-        for p in paths
-        if (key := os.path.normpath(p)) in recorded and file_size(p) != recorded[key]
+        (p, recorded[os.path.normpath(p)], size) for p, size in now.items() if size != recorded[os.path.normpath(p)]
     ]
     if not moved:
         return []
