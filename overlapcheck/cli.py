@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -43,6 +44,7 @@ class _Group(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         _tolerant_streams()
+        sys.stdout = _PipeSafe(sys.stdout)
         return super().main(*args, **kwargs)
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra):
@@ -72,6 +74,39 @@ def _tolerant_streams() -> None:
         if reconfigure is not None and (getattr(stream, "encoding", None) or "").lower().replace("-", "") != "utf8":
             with contextlib.suppress(ValueError, OSError):  # a stream that cannot change is left as it is
                 reconfigure(errors="backslashreplace")
+
+
+class _PipeSafe:
+    """stdout that a closed reader (`gate report.json | head -1`) does not stop: the rest of what the command
+    writes goes to /dev/null, its files (--junit, --html) are still written and its exit code is its own. Click
+    turned the broken pipe into exit code 1, which CI cannot tell from a failed gate, and the JUnit file was lost."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._to_null()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_null()
+
+    def _to_null(self) -> None:
+        """Point the stream's file descriptor at /dev/null, so that what is buffered, and the interpreter's flush
+        at exit, succeed without a word."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
 
 
 def _usage_error(exc: click.UsageError) -> NoReturn:

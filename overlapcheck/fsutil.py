@@ -287,7 +287,7 @@ def atomic_write(
     raw = data.encode("utf-8") if isinstance(data, str) else data if isinstance(data, bytes) else None
     pieces: Iterable[str | bytes] = [raw] if raw is not None else data  # type: ignore[assignment]
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{_short(os.path.basename(target))}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise UserError(f"cannot write: {exc.strerror or exc}", path) from None
     try:
@@ -323,6 +323,12 @@ def _mode_for(target: str) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+def _short(name: str, most: int = 80) -> str:
+    """`name` cut to `most` bytes of UTF-8, for a temp file's name: a 255-byte output name with the temp name's
+    prefix and suffix added was longer than a file name may be, and the write failed."""
+    return name.encode("utf-8", "surrogateescape")[:most].decode("utf-8", "ignore")
 
 
 def _publish_new(tmp: str, target: str, raw: bytes | None, durable: bool) -> None:

@@ -102,12 +102,20 @@ def read_report(path: str) -> tuple[Report, bytes]:
     return Report.from_dict(doc, path), raw
 
 
+def _ascii_float(text: str) -> float:
+    """float(text) of a number written in ASCII, without digit separators: float() also takes '٠٫٥' and '1_0',
+    which no threshold means."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return float(text)
+
+
 def parse_fraction(text: str, what: str, allow_over_one: bool = False) -> float:
     """'0.8' or '80%' -> 0.8. A bare number must lie in [0, 1]; a percentage may exceed 100 % if allowed."""
     raw = text.strip()
     percent = raw.endswith("%")
     try:
-        value = float(raw[:-1] if percent else raw)
+        value = _ascii_float(raw[:-1] if percent else raw)
     except ValueError:
         raise UserError(f"{what}: {text!r} is not a number (write 0.8 or 80%)") from None
     if not math.isfinite(value) or value < 0:
@@ -163,7 +171,7 @@ def parse_regressions(
 def parse_us(text: str, what: str) -> float:
     """A non-negative number of microseconds."""
     try:
-        value = float(text)
+        value = _ascii_float(text)
     except ValueError:
         raise UserError(f"{what}: {text!r} is not a number of microseconds") from None
     if not math.isfinite(value) or value < 0:

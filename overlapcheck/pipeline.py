@@ -67,8 +67,8 @@ _NOT_TRACES = re.compile(
 )
 # a name that says it is a report or a baseline, not a trace, unless it also states a rank (`node-baseline_rank1`)
 _REPORT_WORDS = re.compile(r"report|baseline", re.IGNORECASE)
-_SUMMARY = re.compile(r"^rank(\d+)\.summary\.json$")
-_RANK_FILE = re.compile(r"^rank(\d+)\.")
+SUMMARY_NAME = re.compile(r"^rank([0-9]+)\.summary\.json$")  # a rank's summary, by name (ASCII digits)
+_RANK_FILE = re.compile(r"^rank([0-9]+)\.")
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     names = _visible(folder)
     summaries: dict[int, str] = {}
     for n in names:
-        if (m := _SUMMARY.match(n)) and (other := summaries.setdefault(int(m.group(1)), n)) != n:
+        if (m := SUMMARY_NAME.match(n)) and (other := summaries.setdefault(int(m.group(1)), n)) != n:
             raise UserError(f"{other} and {n} both name rank {int(m.group(1))}: keep one", folder)
     _read_documents(folder, found)
     paths = [os.path.join(folder, n) for n in names]
@@ -609,7 +609,7 @@ def read_summary(summary: Summary) -> Outcome:
         report = Report.from_dict(json_document(data, summary.path, what), summary.path)
     except UserError as exc:
         return summary.path, [], str(exc)
-    named = _SUMMARY.match(os.path.basename(summary.path))
+    named = SUMMARY_NAME.match(os.path.basename(summary.path))
     if len(report.ranks) != 1:  # a summary is its rank's own one-rank report (capture/summary.py)
         return summary.path, [], f"{summary.path}: holds {len(report.ranks)} ranks, not its own one rank"
     if named and report.ranks[0].rank != int(named.group(1)):
@@ -748,7 +748,7 @@ def select_ranks(inputs: Inputs, ranks: Set[int] | None, rank_from: str | None =
 
     traces = [t for t in inputs.traces if wanted(t)]
     summaries = [
-        s for s in inputs.summaries if (m := _SUMMARY.match(os.path.basename(s.path))) and int(m.group(1)) in ranks
+        s for s in inputs.summaries if (m := SUMMARY_NAME.match(os.path.basename(s.path))) and int(m.group(1)) in ranks
     ]
     kept = set(traces) | {s.path for s in summaries}
     return dataclasses.replace(
@@ -950,6 +950,10 @@ def analyze(
     paths = list(paths)
     if not paths or not all(isinstance(p, str | os.PathLike) for p in paths):
         raise UserError("paths must be a non-empty list of trace files or folders (str or os.PathLike)")
+    for flag, value in (("diagnose", diagnose), ("timelines", timelines)):
+        whole = isinstance(value, int) or type(value).__name__ in ("bool", "bool_")  # numpy's bool too
+        if not whole or value not in (0, 1):  # diagnose='no' was taken for True
+            raise UserError(f"{flag} must be True or False, not {value!r}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 4096):
         raise UserError(f"jobs must be a whole number from 1 to 4096, not {jobs!r}")
     if rank_from is not None and not isinstance(rank_from, str):
@@ -963,8 +967,8 @@ def analyze(
         raise UserError(f"ds_config must be a dict or the path of a JSON file, not {type(config).__name__}")
     inputs = find_inputs(paths)
     options = Options(
-        diagnose=diagnose,
-        timelines=timelines,
+        diagnose=bool(diagnose),
+        timelines=bool(timelines),
         steps=_api_numbers(steps, "steps"),
         ranks=_api_numbers(ranks, "ranks"),
         rank_from=rank_from,

@@ -2443,3 +2443,90 @@ def test_python_frames_without_duration_are_no_crash(tmp_path: Path) -> None:
 
     report = overlapcheck.analyze(_sample_copy(tmp_path / "t", instants), jobs=1)
     assert [r.rank for r in report.ranks] == [0, 1]
+
+
+# ---- round 4's rough edges ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threshold, verdict", [("all=0.0", 0), ("all=0.999", 1)])
+def test_a_reader_that_stops_early_changes_neither_the_verdict_nor_the_files(
+    tmp_path: Path, threshold: str, verdict: int
+) -> None:
+    # was: `gate r.json | head -1` exited 1 whatever the verdict (click's broken-pipe exit), and the JUnit file,
+    # written after the table, was never written
+    import subprocess
+    import sys
+
+    report = tmp_path / "r.json"
+    code, _, stderr = cli(
+        "analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o", str(report)
+    )
+    assert code == 0, stderr
+    junit = tmp_path / "gate.xml"
+    args = ["gate", str(report), "--min-overlap", threshold, "--junit", str(junit)]
+    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
+    proc = subprocess.Popen([sys.executable, "-m", "overlapcheck", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    stderr_bytes = proc.stderr.read()
+    assert proc.wait(timeout=120) == verdict, stderr_bytes[-500:]
+    assert stderr_bytes == b"" and junit.read_text().startswith("<?xml")
+
+
+def test_a_rank_written_in_other_scripts_digits_is_no_rank(tmp_path: Path) -> None:
+    # was: `rank٣.json` (Arabic-Indic three) was read as rank 3 by name, as int() reads it
+    from overlapcheck.trace.reader import rank_from_name
+
+    assert rank_from_name("rank\u0663.json") is None and rank_from_name("rank3.json") == 3
+    folder = tmp_path / "job"
+    code, _, stderr = cli("analyze", str(job_folder(folder)), "-j", "1", "--format", "json",
+                          "-o", str(folder / "rank\u0663.summary.json"))  # fmt: skip
+    assert code == 0, stderr  # not the name of a summary, so no document a later read takes it for
+
+
+@pytest.mark.parametrize("value", ["\u0660.\u0665", "all=\u0660.\u0665", "1_0"])
+def test_thresholds_are_ascii_numbers(tmp_path: Path, value: str) -> None:
+    # was: --max-exposed-share '٠.٥' gated at 0.5, as float() reads Arabic-Indic digits
+    report = tmp_path / "r.json"
+    cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o", str(report))
+    option = "--min-overlap" if "=" in value else "--max-exposed-share"
+    code, stdout, stderr = cli("gate", str(report), option, value)
+    assert code == 2 and "is not a number" in stderr, stderr
+    code, _, stderr = cli("gate", str(report), "--ignore-below-us", "\u0661", "--max-exposed-share", "0.5")
+    assert code == 2 and "is not a number of microseconds" in stderr, stderr
+
+
+@pytest.mark.parametrize("ranks", ["", "  ", "\u0663", "1_0"])
+def test_run_refuses_an_empty_or_foreign_rank_list(tmp_path: Path, ranks: str) -> None:
+    # was: `run --ranks ""` (an unset "$RANKS") profiled every rank, and `--ranks ٣` rank 3
+    code, _, stderr = cli("run", "--out", str(tmp_path / "out"), "--ranks", ranks, "--", "python", "-c", "pass")
+    assert code == 2 and "--ranks" in stderr, stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["diagnose", "timelines"])
+@pytest.mark.parametrize("value", ["no", None, 2, 0.5])
+def test_api_flags_are_booleans(tmp_path: Path, flag: str, value: Any) -> None:
+    # was: analyze(..., diagnose='no') diagnosed, a non-empty string being true
+    with pytest.raises(UserError, match=f"{flag} must be True or False"):
+        overlapcheck.analyze(job_folder(tmp_path / "job"), jobs=1, **{flag: value})
+
+
+def test_api_flags_take_numpy_booleans_and_zero(tmp_path: Path) -> None:
+    import numpy as np
+
+    folder = job_folder(tmp_path / "job")
+    assert overlapcheck.analyze(folder, jobs=1, diagnose=0).findings == []
+    assert len(overlapcheck.analyze(folder, jobs=1, diagnose=np.False_).ranks) == 2
+
+
+def test_an_output_name_of_255_bytes_is_written(tmp_path: Path) -> None:
+    # was: its temp name (".NAME.XXXX.tmp") was longer than a file name may be: "cannot write: File name too long"
+    for name in ("r" * 250 + ".json", "\u00e9" * 122 + ".json"):  # 255 bytes; 249 of them in two-byte letters
+        assert len(name.encode()) <= 255
+        code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1",
+                              "-o", str(tmp_path / name))  # fmt: skip
+        assert code == 0, stderr
+        assert json.loads((tmp_path / name).read_text())["ranks"]
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]

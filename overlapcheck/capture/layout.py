@@ -18,7 +18,7 @@ STATUS_DIR = "status"
 TRACES_DIR = "traces"
 # a trace being exported: `.rank<R>.<host>.<pid>.tmp.gz` (torch gzips only a path ending in .gz). It never
 # matches a trace pattern (*.json, *.json.gz), so a killed export is never read as a trace
-TRACE_TMP = re.compile(r"^\.rank(\d+)\.(.+)\.(\d+)\.tmp\.gz$")
+TRACE_TMP = re.compile(r"^\.rank([0-9]+)\.(.+)\.([0-9]+)\.tmp\.gz$")
 
 
 def traces_dir(out: str) -> str:

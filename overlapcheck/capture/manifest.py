@@ -21,8 +21,8 @@ from overlapcheck.capture.atomic import read_json
 from overlapcheck.job import RUN_SCHEMA
 
 SCHEMA = RUN_SCHEMA
-_RANK_FILE = re.compile(r"rank(\d+)\.json$")
-_LAUNCHER_FILE = re.compile(r"launcher(\d+)\.json$")
+_RANK_FILE = re.compile(r"rank([0-9]+)\.json$")
+_LAUNCHER_FILE = re.compile(r"launcher([0-9]+)\.json$")
 
 
 def now_iso() -> str:

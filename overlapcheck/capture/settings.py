@@ -92,6 +92,8 @@ def parse_ranks(spec: str) -> RankSet | None:
         return None
     ranges: list[tuple[int, int]] = []
     try:
+        if not spec.isascii() or "_" in spec:  # int() takes '٣' and '1_0'; a rank list is written in ASCII digits
+            raise ValueError(spec)
         for part in spec.split(","):
             lo_s, sep, hi_s = part.strip().partition("-")
             lo = int(lo_s)

@@ -254,14 +254,14 @@ def _documents_name(path: str) -> str | None:
     """What reading a folder takes a file of this name for ("a job's run.json", "rank 2's summary"), if any: an
     output so named, even a new one, would be read back as it (`report RUN` then failed on a 16-rank summary)."""
     import os
-    import re
 
     from overlapcheck.fsutil import PROTECTED_NAMES
+    from overlapcheck.pipeline import SUMMARY_NAME
 
     name = os.path.basename(path)
     if name in PROTECTED_NAMES:
         return f"a job's {name}"
-    if m := re.fullmatch(r"rank(\d+)\.summary\.json", name):
+    if m := SUMMARY_NAME.match(name):
         return f"rank {int(m.group(1))}'s summary"
     return None
 

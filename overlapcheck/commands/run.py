@@ -110,6 +110,8 @@ def command(
             warmup=default.warmup if warmup is None else warmup,
             active=default.active if active is None else active,
         )
+    if not ranks.strip():  # an empty --ranks "$RANKS" profiled every rank: say so instead
+        raise UserError("--ranks is empty: give 'all' or a list like 0,2,8-15")
     parse_ranks(ranks)  # validate early
     if not 0 <= summary_timeout <= MAX_SUMMARY_TIMEOUT:  # NaN too: a NaN deadline is never reached (a hang)
         raise click.BadParameter(

@@ -13,7 +13,7 @@ from overlapcheck.trace.jsonstream import TraceStream
 from overlapcheck.trace.model import ModelBuilder, TraceModel
 
 # rank in a file name: rank-3, rank3, rank_3, worker3, worker_3 (not part of a longer word)
-_RANK_IN_NAME = re.compile(r"(?<![a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+_RANK_IN_NAME = re.compile(r"(?<![a-z])(?:rank|worker)[-_]?([0-9]+)", re.IGNORECASE)
 MAX_RANK = (1 << 31) - 1  # a larger number is not a rank (and would not fit the report's integer columns)
 
 
