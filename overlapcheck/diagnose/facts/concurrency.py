@@ -183,6 +183,63 @@ def _default_stream_claims(view: RankFacts) -> np.ndarray:
     return out
 
 
+def comm_wait_claims(view: RankFacts) -> np.ndarray:
+    """Per stall of `view.stalls`: the part of its cost that a recorded wait of its all-gather's stream for another
+    communication stream added. The gather started when a collective launched before it on that stream ended,
+    STALL_MIN_US or more after its launch and its own stream allowed, and a wait (recorded on its stream, or
+    issued on its launching thread, between that collective's launch and its own) names that stream: however
+    early the host issued it, it could not start sooner. At most how much later it started than it was ready,
+    less what the shared communicator already claimed of that lateness (the same window). Once per rank;
+    cross-stream-wait owns it, and allgather-transfer-bound only the rest."""
+    return _comm_waits(view)[0]
+
+
+def comm_wait_blockers(view: RankFacts) -> np.ndarray:
+    """Per stall of `view.stalls`: the GPU row of the collective whose end a recorded wait made its all-gather
+    wait for (`comm_wait_claims`), -1 where none did."""
+    return _comm_waits(view)[1]
+
+
+def _comm_waits(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+    return view.memo("comm_waits", _comm_wait_claims)
+
+
+def _comm_wait_claims(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
+    st = view.stalls
+    g = view.gpu
+    out = np.zeros(len(st.kernel))
+    blocker = np.full(len(st.kernel), -1, dtype=np.int64)
+    sel = np.flatnonzero(st.comm >= 0)
+    if not len(sel):
+        return out, blocker
+    c = st.comm[sel]
+    sel, c = sel[g.coll[c] == AG], c[g.coll[c] == AG]
+    late = g.start[c] - np.maximum(view.launch[c], previous_end_on_stream(view)[c])
+    sel, c, late = sel[late >= STALL_MIN_US], c[late >= STALL_MIN_US], late[late >= STALL_MIN_US]
+    others = np.flatnonzero(view.is_comm & (g.stream != view.compute_stream))
+    if not len(sel) or not len(others):
+        return out, blocker
+    others = others[np.argsort(g.end[others], kind="stable")]
+    ends = g.end[others]
+    w = waitsites.waits(view)
+    for i, row, gap in zip(sel.tolist(), c.tolist(), late.tolist(), strict=True):
+        a = int(np.searchsorted(ends, g.start[row] - DEPENDENCY_TOLERANCE_US, side="left"))
+        b = int(np.searchsorted(ends, g.start[row] + DEPENDENCY_TOLERANCE_US, side="right"))
+        cand = others[a:b]
+        cand = cand[(g.stream[cand] != g.stream[row]) & (view.launch[cand] <= view.launch[row])]
+        if not len(cand):
+            continue
+        on = int(g.stream[cand[-1]])
+        since = float(view.launch[cand].min())
+        hit = waitsites.latest_wait(
+            w, int(view.launch_thread[row]), int(g.stream[row]), since, float(view.launch[row]), on
+        )
+        if hit >= 0 and bool(np.isin(w.wait_on[hit], g.stream[cand])):
+            out[i] = max(0.0, min(float(st.cost[i]), gap) - float(view.claimed_by_communicator[i]))
+            blocker[i] = int(cand[g.stream[cand] == w.wait_on[hit]][-1])
+    return out, blocker
+
+
 def _default_stream_held(view: RankFacts) -> np.ndarray:
     rows, explained, wait_on = _held(view)
     sel = explained & (wait_on == view.compute_stream) & (view.gpu.coll[rows] == AG) if len(rows) else explained

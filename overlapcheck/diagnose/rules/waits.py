@@ -9,7 +9,12 @@ import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts.callsite import functions, is_user
-from overlapcheck.diagnose.facts.concurrency import default_stream_claims, hardware_serialized
+from overlapcheck.diagnose.facts.concurrency import (
+    comm_wait_blockers,
+    comm_wait_claims,
+    default_stream_claims,
+    hardware_serialized,
+)
 from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import AG, DEFAULT_PREFETCH_BUCKET
@@ -119,10 +124,16 @@ def on_demand_remainder(view: RankFacts) -> np.ndarray:
 def _not_prefetched_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     st = view.stalls
     # what a recorded wait on the default stream added to a gather's lateness is that wait's (overlap-comm-disabled)
-    claimed = view.claimed_by_communicator + default_stream_claims(view)
-    costs = rest(view, st, claimed) - host_delayed(view).explained
+    costs = rest(view, st, _gather_claims(view)) - host_delayed(view).explained
     mask = per_step_pattern(view, st, not_prefetched(view, st) & (costs > 0))
     return mask & ~warm_up_stalls(view, mask), np.maximum(costs, 0.0)
+
+
+def _gather_claims(view: RankFacts) -> np.ndarray:
+    """Per stall: what more specific rules than the gather rules claimed of it: the shared communicator's
+    queueing, what a recorded wait on the default stream (overlap-comm-disabled) or for another communication
+    stream (cross-stream-wait) added to its gather's lateness."""
+    return view.claimed_by_communicator + default_stream_claims(view) + comm_wait_claims(view)
 
 
 def warm_up_stalls(view: RankFacts, mask: np.ndarray) -> np.ndarray:
@@ -148,8 +159,7 @@ def warm_up_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
 
 def _warm_up_costs(view: RankFacts) -> tuple[np.ndarray, np.ndarray]:
     st = view.stalls
-    claimed = view.claimed_by_communicator + default_stream_claims(view)
-    costs = np.maximum(rest(view, st, claimed) - host_delayed(view).explained, 0.0)
+    costs = np.maximum(rest(view, st, _gather_claims(view)) - host_delayed(view).explained, 0.0)
     mask = per_step_pattern(view, st, not_prefetched(view, st) & (costs > 0))
     return warm_up_stalls(view, mask), costs
 
@@ -191,12 +201,18 @@ def first_step_warm_up(view: RankFacts) -> list[Finding]:
 def wait_costs(view: RankFacts) -> np.ndarray:
     """Per stall: the cost cross-stream-wait owns, what no more specific rule claimed: not the communicator's
     queueing, not an on-demand gather (a pattern, or the first fetch of a pass: inherent), not the step's first
-    gather (waited for in any case), not what a host sync's block explains (facts/delays.py)."""
+    gather (waited for in any case), not a gather queued on its stream (allgather-transfer-bound's), not what a
+    host sync's block explains (facts/delays.py). Of any gather, what a recorded wait of its stream for another
+    communication stream added to its lateness (`comm_wait_claims`) is this rule's."""
     st = view.stalls
-    left = rest(view, st, view.claimed_by_communicator + default_stream_claims(view))
+    base = np.maximum(rest(view, st, view.claimed_by_communicator + default_stream_claims(view))
+                      - host_delayed(view).explained, 0.0)  # fmt: skip
+    held = np.minimum(comm_wait_claims(view), base)  # its own on any gather, on-demand, first or queued
+    left = base - held
     left[on_demand(view, st)] = 0.0
     left[np.isin(st.comm, view.first_gathers)] = 0.0
-    return np.maximum(left - host_delayed(view).explained, 0.0)
+    left[queued_gathers(view)] = 0.0  # allgather-transfer-bound's
+    return left + held
 
 
 def cross_stream_waits(view: RankFacts) -> list[Finding]:
@@ -211,7 +227,6 @@ def cross_stream_waits(view: RankFacts) -> list[Finding]:
         return []
     st = view.stalls
     left = wait_costs(view)
-    left[queued_gathers(view)] = 0.0  # allgather-transfer-bound's
     g = view.gpu
     out: list[Finding] = []
     kinds = np.where(st.comm >= 0, g.coll[np.maximum(st.comm, 0)], -1)
@@ -250,7 +265,7 @@ def allgather_transfer_bound(view: RankFacts) -> list[Finding]:
     on_demand_mask, unclaimed = not_prefetched_costs(view)
     queued = queued_gathers(view) & ~on_demand_mask
     # a queued gather's whole wait (what no more specific rule claimed); of the on-demand pattern's, what would
-    # remain with the gathers prefetched
+    # remain with the gathers prefetched (neither what a wait of the gather's stream added: `_gather_claims`)
     left = np.where(queued, unclaimed, np.minimum(unclaimed, on_demand_remainder(view)) * on_demand_mask)
     sel = (queued | on_demand_mask) & (left > 0)
     if not sel.any():
@@ -309,7 +324,18 @@ def _wait_finding(
     names = functions(stack)
     where = f" ({site})" if site else " on another stream"
     title = f"Compute stream waits for {name}{where}"
-    if site and kind == AG and ("fetch_sub_module" in names or "partitioned_param_coordinator" in site):
+    held = _held_by(view, left, sel)
+    if held:
+        evidence["gather_stream_waited_for"] = held
+    if held and kind == AG:
+        what = " and ".join(f"{k} on stream {', '.join(map(str, s))}" for k, s in held.items())
+        why = (
+            f"the all-gathers' stream is made to wait for {what} (a recorded cudaStreamWaitEvent before each "
+            "gather): however early they are issued, they start only when that ends, and compute waits for them. "
+            "Make the gather stream wait only for what the gathered parameters need, or issue that collective "
+            "where the gathers do not wait for it"
+        )
+    elif site and kind == AG and ("fetch_sub_module" in names or "partitioned_param_coordinator" in site):
         why, fix = _prefetch_fix(view, st, sel, evidence)
     elif site and "average_tensor" in names:
         why = (
@@ -390,6 +416,23 @@ def _prefetch_fix(view: RankFacts, st: Stalls, sel: np.ndarray, evidence: dict[s
     if target <= current:
         return why, None
     return why, make_fix(view.config, {"zero_optimization.stage3_prefetch_bucket_size": target})
+
+
+def _held_by(view: RankFacts, left: np.ndarray, sel: np.ndarray) -> dict[str, list[int]]:
+    """The collectives, by kind and stream, that a recorded wait made the stalls' all-gathers wait for, when that
+    wait (`comm_wait_claims`) is most of what the stalls `sel` cost here; else {}."""
+    claims = comm_wait_claims(view)
+    if not sel.any() or float(np.minimum(claims[sel], left[sel]).sum()) * 2 <= float(left[sel].sum()):
+        return {}
+    rows = comm_wait_blockers(view)[sel]
+    rows = rows[rows >= 0]
+    g = view.gpu
+    out: dict[str, set[int]] = {}
+    for r in rows.tolist():
+        out.setdefault(C.COLLECTIVES[int(g.coll[r])] if g.coll[r] >= 0 else "communication", set()).add(
+            int(g.stream[r])
+        )
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def _stream_waits_per_step(view: RankFacts) -> float | None:
