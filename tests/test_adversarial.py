@@ -2530,3 +2530,24 @@ def test_an_output_name_of_255_bytes_is_written(tmp_path: Path) -> None:
         assert code == 0, stderr
         assert json.loads((tmp_path / name).read_text())["ranks"]
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("group", [10**6, 3])
+def test_a_group_larger_than_the_world_is_said_and_its_bandwidth_is_the_worlds(tmp_path: Path, group: int) -> None:
+    # was: "Group size": 1e6 in a 2-rank job gave a bus bandwidth ~1e6/2 times too high, with no note
+    def with_group(size: int) -> list[dict[str, Any]]:
+        events = good_events()
+        for e in events:
+            if e.get("cat") == "kernel" and "nccl" in e["name"]:
+                e["args"]["Group size"] = size
+        return events
+
+    for name, size in (("bad", group), ("good", 2)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for r in range(2):
+            (folder / f"rank{r}.json").write_bytes(doc_bytes(with_group(size), rank=r, world=2))
+    bad, good = (overlapcheck.analyze(tmp_path / n, jobs=1).ranks[0] for n in ("bad", "good"))
+    assert any(f"Group size of up to {group}, more than the world size 2" in n for n in bad.notes), bad.notes
+    assert not any("Group size" in n for n in good.notes)
+    assert bad.bandwidth == good.bandwidth and bad.bandwidth

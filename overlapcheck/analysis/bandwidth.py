@@ -88,7 +88,8 @@ def message_bytes(model: TraceModel) -> np.ndarray:
 
 def group_sizes(model: TraceModel) -> np.ndarray:
     """Per GPU activity, the size of its process group: the kernel's `Group size`, else the group's `pg_size` in
-    distributedInfo.pg_config, else the world size; -1 when none is known."""
+    distributedInfo.pg_config, else the world size; -1 when none is known. A `Group size` above the world size is
+    taken as absent (`oversized_groups_note`)."""
     g = model.gpu
     info = model.distributed
     by_pg: dict[int, int] = {}
@@ -99,7 +100,7 @@ def group_sizes(model: TraceModel) -> np.ndarray:
                 by_pg[i] = entry["pg_size"]
     world = world_of(model) or -1
     out = g.group.astype(np.int64).copy()
-    missing = out <= 0
+    missing = (out <= 0) | ((world > 0) & (out > world))  # a group larger than the world is no group size
     if missing.any():
         out[missing] = [by_pg.get(int(p), world) for p in g.pg[missing].tolist()]
     return out
@@ -387,4 +388,22 @@ def with_bandwidth(model: TraceModel, metrics: RankMetrics, job: JobContext | No
 
     if not metrics.collectives["all"].count or metrics.lanes != "gpu":
         return metrics
-    return replace(metrics, bandwidth=rank_bandwidth(model, activities_of(model), own_hosts(model, job)))
+    note = oversized_groups_note(model)
+    notes = [*metrics.notes, note] if note else metrics.notes
+    return replace(metrics, bandwidth=rank_bandwidth(model, activities_of(model), own_hosts(model, job)), notes=notes)
+
+
+def oversized_groups_note(model: TraceModel) -> str | None:
+    """A note when communication kernels state a `Group size` larger than the trace's world size (a 1e6-rank
+    group in a 2-rank job made the bus bandwidth nonsense): their group is taken from pg_config or the world."""
+    g = model.gpu
+    world = world_of(model)
+    if not world or not len(g):
+        return None
+    bad = (g.cls == C.COMM) & (g.group > world)
+    if not bad.any():
+        return None
+    return (
+        f"{int(bad.sum())} communication kernels state a Group size of up to {int(g.group[bad].max())}, more than "
+        f"the world size {world}: their bus bandwidth takes the group's size from pg_config or the world size"
+    )
