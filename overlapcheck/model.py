@@ -578,12 +578,18 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+MAX_TIME_US = 2.0**62  # the reader's bound (trace/model.py): no time it reads reaches it
+
+
 def _check_split(fields: dict[str, Any], path: str) -> None:
-    """A collective kind's numbers that no trace can give: a negative count or time, an overlap outside [0, 1]
-    (a summary or report edited by hand, or another tool's; read as they were, they passed a gate at 750%)."""
+    """A collective kind's numbers that no trace can give: a negative count or time, a time beyond the reader's
+    bound (`time_us` 1e308 passed a gate), an overlap outside [0, 1] (a summary or report edited by hand, or
+    another tool's; read as they were, they passed a gate at 750%)."""
     for name in ("count", "time_us", "overlapped_us", "exposed_us"):
         if fields.get(name, 0) < -1e-3:
             raise _Shape(f"{path}.{name} is negative ({_number(fields[name])})")
+        if name != "count" and fields.get(name, 0) >= MAX_TIME_US:
+            raise _Shape(f"{path}.{name} is {_number(fields[name])} µs, beyond 2^62 µs: no trace gives it")
     overlap = fields.get("overlap")
     if overlap is not None and not -1e-6 <= overlap <= 1 + 1e-6:
         raise _Shape(f"{path}.overlap is {_number(overlap)}, not a fraction from 0 to 1")

@@ -1344,8 +1344,14 @@ def _negative(r: int, doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _huge(r: int, doc: dict[str, Any]) -> dict[str, Any]:
+    doc["ranks"][0]["collectives"]["all"]["time_us"] = 1e308
+    return doc
+
+
 LIES = {
     "swapped-ranks": (_swap, "holds rank 1, and its name says rank 0"),
+    "time-1e308": (_huge, "time_us is 1e+308 µs, beyond 2^62 µs"),
     "no-ranks": (_no_ranks, "holds 0 ranks, not its own one rank"),
     "overlap-750%": (_overlap, "overlap is 7.5, not a fraction from 0 to 1"),
     "negative-exposed": (_negative, "exposed_us is negative"),
