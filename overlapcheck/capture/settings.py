@@ -6,12 +6,12 @@ launcher started the process. Names are listed in `ENV_NAMES` so that the launch
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from overlapcheck.errors import UserError
+from overlapcheck.selection import Numbers, parse_numbers
 
 ENV_OUT = "OVERLAPCHECK_OUT"  # run folder (absolute path)
 ENV_SCHEDULE = "OVERLAPCHECK_SCHEDULE"  # "wait,warmup,active" in optimizer steps
@@ -72,46 +72,13 @@ class Schedule:
         return cls(wait=wait, warmup=warmup, active=active)
 
 
-@dataclass(frozen=True)
-class RankSet:
-    """A set of ranks as sorted, disjoint, inclusive ranges: `0-100000000000` costs two integers, not a set."""
-
-    ranges: tuple[tuple[int, int], ...]
-
-    def __contains__(self, rank: object) -> bool:
-        if not isinstance(rank, int):
-            return False
-        i = bisect.bisect_right(self.ranges, (rank, float("inf"))) - 1
-        return i >= 0 and self.ranges[i][0] <= rank <= self.ranges[i][1]
-
-
-def parse_ranks(spec: str) -> RankSet | None:
-    """Parse a rank spec: "all" -> None (every rank); "0,2,8-11" -> the ranks 0, 2 and 8 to 11."""
+def parse_ranks(spec: str) -> Numbers | None:
+    """Parse a rank spec: "all" -> None (every rank); "0,2,8-11" -> the ranks 0, 2 and 8 to 11, held as ranges
+    (`0-100000000000` costs two integers, not a set), read as `analyze --ranks` reads its list."""
     spec = spec.strip()
     if spec.lower() in ("", "all"):
         return None
-    ranges: list[tuple[int, int]] = []
-    try:
-        if not spec.isascii() or "_" in spec:  # int() takes '٣' and '1_0'; a rank list is written in ASCII digits
-            raise ValueError(spec)
-        for part in spec.split(","):
-            lo_s, sep, hi_s = part.strip().partition("-")
-            lo = int(lo_s)
-            hi = int(hi_s) if sep else lo
-            if hi < lo:
-                raise ValueError(part)
-            ranges.append((lo, hi))
-    except ValueError:
-        raise UserError(f"--ranks must be 'all' or a list like 0,2,8-15, got {spec[:200]!r}") from None
-    if any(lo < 0 for lo, _ in ranges):
-        raise UserError(f"--ranks: negative rank in {spec[:200]!r}")
-    merged: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return RankSet(tuple(merged))
+    return parse_numbers(spec, "-", "--ranks")
 
 
 @dataclass(frozen=True)
