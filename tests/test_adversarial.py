@@ -2557,3 +2557,33 @@ def test_a_group_larger_than_the_world_is_said_and_its_bandwidth_is_the_worlds(t
     assert any(f"Group size of up to {group}, more than the world size 2" in n for n in bad.notes), bad.notes
     assert not any("Group size" in n for n in good.notes)
     assert bad.bandwidth == good.bandwidth and bad.bandwidth
+
+
+def test_copies_with_other_ids_are_said(tmp_path: Path) -> None:
+    # was: every kernel copied with a new correlation id (not an exact copy, so not dropped) doubled the counts
+    # and times without a word; one CUDA stream cannot run two kernels at once
+    def renumbered(rank: int, doc: dict[str, Any]) -> None:
+        copies = []
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "kernel":
+                copy = json.loads(json.dumps(e))
+                copy.setdefault("args", {})["correlation"] = 10**9 + len(copies)
+                copies.append(copy)
+        doc["traceEvents"] += copies
+
+    plain = _report(_sample_copy(tmp_path / "plain", lambda r, d: None))
+    copied = _report(_sample_copy(tmp_path / "copied", renumbered))
+    for rank in copied["ranks"]:
+        said = [n for n in rank["notes"] if "start before the one before them on their stream ended" in n]
+        assert said, rank["notes"]
+    assert not any("on their stream ended" in n for rank in plain["ranks"] for n in rank["notes"])
+
+    # back to back on a stream, touching within CUPTI's slack, is no overlap
+    def touching(rank: int, doc: dict[str, Any]) -> None:
+        kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+        kernels[1]["ts"] = kernels[0]["ts"] + kernels[0]["dur"] - 0.5
+        kernels[1]["args"]["stream"] = kernels[0]["args"]["stream"]
+        kernels[1]["tid"] = kernels[0]["tid"]
+
+    near = _report(_sample_copy(tmp_path / "near", touching))
+    assert not any("on their stream ended" in n for rank in near["ranks"] for n in rank["notes"])

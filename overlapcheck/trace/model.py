@@ -522,7 +522,7 @@ class ModelBuilder:
             )
         notes += _drop_copies(tables)
         tables["gpu"], device_note = _own_device(tables["gpu"])
-        notes += device_note
+        notes += device_note + _same_stream_overlaps(tables["gpu"])
         if self.comms and len(tables["gpu"]):
             self._sizes_from_comms(tables["gpu"], tables["runtime"], self.comms)
         if self.shapes and len(tables["gpu"]):
@@ -707,6 +707,36 @@ def _later_copies(table: Table) -> np.ndarray | None:
     copies = np.zeros(n, dtype=bool)
     copies[rows[key[1:][same]]] = True
     return copies
+
+
+SAME_STREAM_SLACK_US = 1.0  # CUPTI's timestamps of back-to-back kernels may touch; the real traces overlap by 0
+
+
+def _same_stream_overlaps(gpu: Table) -> list[str]:
+    """A note when GPU activities overlap an earlier one on their own stream by more than SAME_STREAM_SLACK_US:
+    one CUDA stream runs one at a time, so these are copies with other ids (not `_drop_copies`' exact ones) or
+    traces merged with clocks apart, and their time is counted as many times as they repeat. None of the real
+    traces in ../shared/traces has one."""
+    if len(gpu) < 2:
+        return []
+    order = np.lexsort((gpu.start, gpu.stream))
+    stream, start, end = gpu.stream[order], gpu.start[order], gpu.end[order]
+    same = stream[1:] == stream[:-1]
+    # the latest end so far on each stream: a running maximum that restarts at each stream's first row
+    reach = end.copy()
+    first = np.flatnonzero(np.r_[True, ~same])
+    for a, b in zip(first.tolist(), [*first[1:].tolist(), len(end)], strict=True):
+        reach[a:b] = np.maximum.accumulate(end[a:b])
+    over = same & (reach[:-1] - start[1:] > SAME_STREAM_SLACK_US)
+    n = int(over.sum())
+    if not n:
+        return []
+    streams = np.unique(stream[1:][over])
+    return [
+        f"{n} GPU activities start before the one before them on their stream ended (streams "
+        f"{', '.join(map(str, streams[:5].tolist()))}{', ...' if len(streams) > 5 else ''}), which one CUDA stream "
+        "cannot run: copies with other ids, or traces merged? Their time counts each time they appear"
+    ]
 
 
 def _own_device(gpu: Table) -> tuple[Table, list[str]]:
