@@ -470,3 +470,51 @@ def test_a_throttle_with_healthy_peers_keeps_its_cost(tmp_path: Path) -> None:
     f = found["reduce-event-throttle"]
     assert "explained_by" not in f.evidence
     assert min(own) > 0.0 and f.cost_us == pytest.approx(sum(own) / len(own), abs=1e-3)
+
+
+# -- (h) a throttle whose reductions cannot keep up with backward at this bandwidth ------------------------------
+
+
+def throttled_backward(reduce_us: float) -> list[dict[str, Any]]:
+    """One step, its backward pass one autograd op [0, 4000): GEMM 1 [5, 305); three reduce-scatters launched at
+    10, 12, 14 run back to back from 20, `reduce_us` each; the throttle blocks the host from 16 until the first
+    ends (20 + reduce_us); then GEMMs 2-6, 300 µs each, are launched one after another: compute idles from 305
+    until GEMM 2 starts (30 + reduce_us), and backward computes 1800 µs in all."""
+    first_end = 20 + reduce_us
+    events = [
+        step(1, 0, 6000),
+        cpu_op("autograd::engine::evaluate_function: MmBackward0", 0, 4000),
+        launch(1, 1),
+        kernel(GEMM, 5, 300, corr=1),
+        frame(THROTTLE, 15, first_end - 14),
+        runtime("cudaEventSynchronize", 16, first_end - 16, 90),
+    ]
+    for i in range(3):
+        events += [launch(10 + 2 * i, 2 + i), kernel(RS, 20 + i * reduce_us, reduce_us, stream=17, corr=2 + i)]
+    t = first_end + 10
+    for i in range(5):
+        events += [launch(t - 5 + i, 10 + i), kernel(GEMM, t + 300 * i, 300, corr=10 + i)]
+    return events
+
+
+@pytest.mark.symptom_without_cause("reduce-event-throttle")
+def test_a_throttle_of_reductions_that_outlast_backward_gets_no_bucket_fix(tmp_path: Path) -> None:
+    # 400 µs reductions (1200 in all) inside an 1800 µs backward: the throttle's 125 µs idle [305, 430) is what
+    # larger buckets save, and they are the fix
+    found = {f.rule: f for f in diagnose(tmp_path / "fast", throttled_backward(400)).findings}
+    f = found["reduce-event-throttle"]
+    assert f.cost_us == 125.0 and "zero_optimization.reduce_bucket_size" in (f.fix.config or {})
+    assert "reduction_transfer_us_per_step" not in f.evidence
+    # 700 µs reductions (2100 in all) outlast the 1800 µs of backward compute: the throttle idles compute
+    # 425 µs [305, 730), but unthrottled backward would still end before the reductions do: of the 425 µs only
+    # 1800 + 425 - 2100 = 125 can be saved, and by no bucket size
+    found = {f.rule: f for f in diagnose(tmp_path / "slow", throttled_backward(700)).findings}
+    f = found["reduce-event-throttle"]
+    assert f.cost_us == 125.0 and not f.fix.config
+    assert f.evidence["reduction_transfer_us_per_step"] == 2100.0
+    assert f.evidence["backward_compute_us_per_step"] == 1800.0
+    assert f.evidence["cost_before_transfer_bound_us"] == 425.0
+    assert "cannot keep up" in f.title and "larger buckets do not shorten them" in f.why
+    # at 900 µs (2700 in all) nothing is left to save: no finding
+    found = {f.rule: f for f in diagnose(tmp_path / "slower", throttled_backward(900)).findings}
+    assert "reduce-event-throttle" not in found

@@ -224,3 +224,44 @@ def coverage(view: RankFacts, findings: Sequence[Finding], limits: Collection[st
         inherent=transfer,
         tails=iv.intersect(rest, inherent_windows(view, whole)),
     )
+
+
+@dataclass(frozen=True)
+class ReductionLoad:
+    """Per step (means over the steps with backward compute): the gradient reductions' transfer at the best rate
+    this rank measured (`transfer_us`, the kernels' waits for peers left out) against the backward compute on
+    the compute stream (busy time)."""
+
+    transfer_us: float
+    backward_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.transfer_us / self.backward_us if self.backward_us > 0 else float("inf")
+
+
+def reduction_load(view: RankFacts) -> ReductionLoad | None:
+    """The rank's `ReductionLoad`, or None without backward compute or gradient reductions in its steps. At a
+    ratio near 1 the reductions cannot keep up with backward at this bandwidth, whatever their bucket size."""
+    return view.memo("reduction_load", _reduction_load)
+
+
+def _reduction_load(view: RankFacts) -> ReductionLoad | None:
+    g = view.gpu
+    phase = phase_of(view.model, view.launch, phase_windows(view.model))
+    backward = np.flatnonzero(view.is_compute & (g.stream == view.compute_stream) & (phase == PHASES.index("backward")))
+    grads = np.flatnonzero(view.is_comm & (g.coll == RS) & (view.gpu_step >= 0))
+    if not len(backward) or not len(grads):
+        return None
+    transfer = transfer_us(view)
+    by_step = view.group_by_step(grads)
+    pairs = [
+        (float(transfer[by_step[step]].sum()), iv.length(iv.union(g.start[rows], g.end[rows])))
+        for step, rows in view.group_by_step(backward).items()
+        if step in by_step
+    ]
+    if not pairs:
+        return None
+    return ReductionLoad(
+        round(sum(p[0] for p in pairs) / len(pairs), 3), round(sum(p[1] for p in pairs) / len(pairs), 3)
+    )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
 from overlapcheck.diagnose.facts import hostsyncs as H
+from overlapcheck.diagnose.facts.coverage import reduction_load
 from overlapcheck.diagnose.facts.delays import host_delayed
 from overlapcheck.diagnose.facts.hostsyncs import Sync, per_step_cost, pinned_copy_tail, pinned_gather_copies
 from overlapcheck.diagnose.facts.sizing import DEFAULT_PREFETCH_BUCKET, parameter_count, reduce_bucket_size
@@ -38,14 +40,41 @@ def _owned_by(rule: str, origin: H.Origin, text: TextOf) -> Callable[[RankFacts]
             stall_per_step, stall_steps = view.per_step(stall, times)
             per_step += stall_per_step
             steps = sorted(set(steps) | set(stall_steps))
-            out.append(_describe(view, rule, text, idx, per_step, steps))
+            extra: dict[str, Any] = {}
+            if origin is H.REDUCE_THROTTLE and (bound := _throttle_bound(view, per_step)) is not None:
+                per_step, extra = bound
+            out.append(_describe(view, rule, text, idx, per_step, steps, extra))
         return out
 
     find.__name__ = find.__qualname__ = rule.replace("-", "_")
     return find
 
 
-def _describe(view: RankFacts, rule: str, text_of: TextOf, idx: np.ndarray, cost: float, steps: list[int]) -> Finding:
+def _throttle_bound(view: RankFacts, cost: float) -> tuple[float, dict[str, Any]] | None:
+    """When the gradient reductions' transfer outlasts backward compute (`reduction_load` ratio above 1), what
+    lifting the reduce throttle can save: backward, run unblocked, still ends no earlier than the reductions'
+    transfer lets the step end, so at most backward + `cost` - transfer. The bucket size does not shorten the
+    transfer; the bandwidth, the bytes (fp32-communication, bandwidth-bound) do. None below a ratio of 1."""
+    load = reduction_load(view)
+    if load is None or load.ratio <= 1:
+        return None
+    bound = round(min(cost, max(0.0, load.backward_us + cost - load.transfer_us)), 3)
+    return bound, {
+        "reduction_transfer_us_per_step": load.transfer_us,
+        "backward_compute_us_per_step": load.backward_us,
+        "cost_before_transfer_bound_us": round(cost, 3),
+    }
+
+
+def _describe(
+    view: RankFacts,
+    rule: str,
+    text_of: TextOf,
+    idx: np.ndarray,
+    cost: float,
+    steps: list[int],
+    extra: dict[str, Any] | None = None,
+) -> Finding:
     sc = view.host_syncs
     syncs = [sc.syncs[i] for i in idx.tolist()]
     waited = [s for s in syncs if s.waited]
@@ -89,6 +118,7 @@ def _describe(view: RankFacts, rule: str, text_of: TextOf, idx: np.ndarray, cost
         np.array([w[0] for i in idx.tolist() for w in sc.windows[i]], dtype=np.float64),
         np.array([w[1] for i in idx.tolist() for w in sc.windows[i]], dtype=np.float64),
     )
+    evidence.update(extra or {})
     text = text_of(view, syncs)
     return finding(rule, text[0], text[1], cost, [view.rank_id], steps, evidence, text[2], covers=covers)
 
@@ -202,6 +232,17 @@ def _param_offload(view: RankFacts, syncs: list[Sync]) -> Text:
 
 
 def _reduce_throttle(view: RankFacts, syncs: list[Sync]) -> Text:
+    load = reduction_load(view)
+    if load is not None and load.ratio > 1:
+        return (
+            "Backward stalls on the reduce-scatter throttle: the reductions cannot keep up at this bandwidth",
+            "stage3.py __reduce_and_partition_ipg_grads blocks on cudaEventSynchronize when more than 2 bucket "
+            f"reductions are in flight; here their transfer ({load.transfer_us / 1000:.1f} ms per step at the best "
+            f"rate measured) outlasts backward's compute ({load.backward_us / 1000:.1f} ms), so the step ends when "
+            "they do, throttled or not: larger buckets do not shorten them, fewer bytes or more bandwidth do "
+            "(communication_data_type in the training dtype, zero_quantized_gradients)",
+            Fix(),
+        )
     bucket, _ = reduce_bucket_size(view)
     params, _ = parameter_count(view)
     target = bucket * 5 if params is None else min(bucket * 5, max(bucket, params // 2))
