@@ -107,6 +107,7 @@ DTYPE = {
     "bf16": ("BFloat16", 2, "bf16"),
     "fp32": ("Float", 4, "f32"),
     "fp16": ("Half", 2, "f16"),
+    "uint8": ("Byte", 1, "u8"),
 }
 
 
@@ -160,6 +161,14 @@ class Cfg:
     expert_allreduce_numel: int = 0  # MoE: expert grads all-reduced on the expert-DP group, on the reduce stream
     qwz: bool = False  # ZeRO++ qwZ: int8 weight all-gathers + their fp32 scales, quantize / dequantize kernels
     embed_numel: int = 0  # an untied input embedding in layer 0: gathered with it, its gradient produced last
+    # ---- round 6 ----
+    user_hook_wait_rs: bool = False  # a user grad hook: current_stream().wait_stream(reduce stream) per gradient
+    bwd_speed: dict[int, float] = field(default_factory=dict)  # rank -> compute time factor in backward only
+    nccl_proto: str = "LL"  # the protocol in NCCL's kernel names (NCCL_PROTO=Simple: _RING_SIMPLE)
+    kernel_host_by_rank: dict[int, float] = field(default_factory=dict)  # rank -> host µs per launched op
+    persist_post_step: bool = False  # _post_step re-gathers persistent params (one all_gather each) + synchronize
+    fp16_overflow: bool = False  # fp16 loss scaling: has_overflow's wait_stream, MAX all-reduce (Byte), .item()
+    train_dtype: str = "bf16"  # the model's dtype: a gradient cast is launched only when comm_dtype differs
 
 
 @dataclass
@@ -221,8 +230,11 @@ class Sim:
         bw = self.c.intra_gbps if intra else self.busbw()
         return (alpha + nbytes * factor / (bw * 1e3)) * self.jit()
 
-    def speed(self, r: Rank) -> float:
-        return self.c.gpu_speed.get(r.rank, 1.0) * self.c.node_speed.get(r.node, 1.0)
+    def speed(self, r: Rank, tid: int | None = None) -> float:
+        f = self.c.gpu_speed.get(r.rank, 1.0) * self.c.node_speed.get(r.node, 1.0)
+        if tid is not None and tid == r.tid_bwd:
+            f *= self.c.bwd_speed.get(r.rank, 1.0)
+        return f
 
     # ---------- event emission ----------
     def clock(self, r: Rank, t: float) -> float:
@@ -329,7 +341,7 @@ class Sim:
         if self.c.max_conn1:
             start = max(start, r.dev_free)
         end = start + dur
-        r.host = max(r.host + self.c.kernel_host_us, launch_t + ldur + 0.5)
+        r.host = max(r.host + self.c.kernel_host_by_rank.get(r.rank, self.c.kernel_host_us), launch_t + ldur + 0.5)
         args: dict[str, Any] = {
             "External id": ext,
             "device": r.local,
@@ -403,9 +415,11 @@ class Sim:
         dtype: str = "bf16",
         group: list[int] | None = None,
         pg_name: str | None = None,
+        redop: str = "Sum",
     ) -> dict[int, tuple[float, float]]:
         """One collective on the world (or on `group`, a communicator inside one node, named `pg_name`)."""
         tname, size, suf = DTYPE[dtype]
+        proto = self.c.nccl_proto
         pg = pg_name or ("0" if kind in ("ag", "a2a") else "1")
         members = [self.ranks[i] for i in group] if group else self.ranks
         n = len(members)
@@ -424,19 +438,19 @@ class Sim:
                 "_allgather_base",
                 "nccl:_all_gather_base",
                 "c10d::_allgather_base_",
-                "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                f"ncclDevKernel_AllGather_RING_{proto}(ncclDevKernelArgsStorage<4096ul>)",
             ),
             "rs": (
                 "_reduce_scatter_base",
                 "nccl:_reduce_scatter_base",
                 "c10d::_reduce_scatter_base_",
-                f"ncclDevKernel_ReduceScatter_Sum_{suf}_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                f"ncclDevKernel_ReduceScatter_Sum_{suf}_RING_{proto}(ncclDevKernelArgsStorage<4096ul>)",
             ),
             "ar": (
                 "allreduce",
                 "nccl:all_reduce",
                 "c10d::allreduce_",
-                f"ncclDevKernel_AllReduce_Sum_{suf}_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                f"ncclDevKernel_AllReduce_{redop}_{suf}_RING_{proto}(ncclDevKernelArgsStorage<4096ul>)",
             ),
             "a2a": (
                 "all_to_allv",
@@ -536,7 +550,7 @@ class Sim:
                     tid,
                     name,
                     COMPUTE,
-                    us * self.speed(r) * math.exp(self.rng.gauss(0, 0.015)),
+                    us * self.speed(r, tid) * math.exp(self.rng.gauss(0, 0.015)),
                     deps if i == 0 else (),
                     op=op,
                 )
@@ -560,7 +574,7 @@ class Sim:
                 tid,
                 name,
                 COMPUTE,
-                us * self.speed(r) * math.exp(self.rng.gauss(0, 0.015)),
+                us * self.speed(r, tid) * math.exp(self.rng.gauss(0, 0.015)),
                 deps if i == 0 else (),
                 op=op,
             )
@@ -927,6 +941,20 @@ class Sim:
                 runtime="cudaMemcpyAsync",
                 extra={"bytes": numel * 2},
             )
+        if self.c.user_hook_wait_rs:
+            self.user_hook_wait(rs_stream)
+
+    def user_hook_wait(self, rs_stream: int) -> None:
+        """A user gradient hook (param.register_hook, e.g. a gradient monitor reading the reduced buffer) that makes
+        the current stream wait for DeepSpeed's reduce stream: torch.cuda.current_stream().wait_stream(s) is a
+        cudaEventRecord on s and a cudaStreamWaitEvent on the current stream. Compute queued after it starts only
+        once everything already on the reduce stream (the bucket's copy, an in-flight reduce-scatter) is done."""
+        for r in self.ranks:
+            self.frames(r, r.tid_bwd, ["train.py(31): _grad_monitor_hook", "torch/cuda/streams.py(83): wait_stream"])
+            r.host += 6.0
+            self.wait_event(r, r.tid_bwd)
+            r.streams[COMPUTE] = max(r.streams.get(COMPUTE, 0.0), r.streams.get(rs_stream, 0.0))
+            self.frames(r, r.tid_bwd, [])
 
     def flush(self, rs_stream: int, epilogue: bool = False) -> None:
         c = self.c
@@ -947,7 +975,7 @@ class Sim:
                 self.block(r, r.tid_bwd, "cudaEventSynchronize", until[r.rank])
         for r in self.ranks:
             self.frames(r, r.tid_bwd, pre + (ARFN if c.allreduce_grads else RSFN)[:1])
-            if c.comm_dtype != "bf16":
+            if c.comm_dtype != c.train_dtype:
                 self.launch(r, r.tid_bwd, CAST, rs_stream, numel * 6 / 2.6e6 + 3.0, op="aten::to")
             self.launch(
                 r,
@@ -1084,10 +1112,100 @@ class Sim:
             r.host += 40.0
             self.frames(r, r.tid_main, [])
 
+    def fp16_overflow(self) -> None:
+        """fp16 loss scaling in stage3 step(): has_overflow(partition_gradients=True) makes the default stream wait
+        for the reduce stream, checks the partition for inf/nan, all-reduces the flag (MAX, a ByteTensor, over the
+        data-parallel group, on the current stream) and reads it with .item() (DtoH + stream sync)."""
+        numel = (sum(self.layer_params) * self.c.layers) // self.world
+        stack = STEP + [
+            f"{DS}stage3.py(2245): step",
+            f"{DS}stage3.py(2123): _overflow_check_and_loss_scale_update",
+            f"{DS}stage3.py(2081): check_overflow",
+            f"{DS}stage3.py(2731): has_overflow",
+        ]
+        for r in self.ranks:
+            self.frames(r, r.tid_main, stack)
+            self.wait_event(r, r.tid_main)
+            self.launch(
+                r,
+                r.tid_main,
+                NORM,
+                COMPUTE,
+                numel * 2 / 2.6e6 + 4.0,
+                (r.streams.get(RS_STREAM, 0.0),),
+                op="aten::isinf",
+            )
+        self.collective(
+            "ar",
+            1,
+            {r.rank: COMPUTE for r in self.ranks},
+            {r.rank: r.tid_main for r in self.ranks},
+            {
+                r.rank: [*stack, "deepspeed/comm/comm.py(117): log_wrapper", "deepspeed/comm/torch.py(156): all_reduce"]
+                for r in self.ranks
+            },
+            {},
+            dtype="uint8",
+            redop="Max",
+        )
+        for r in self.ranks:
+            self.frames(r, r.tid_main, [*stack, "torch/_tensor.py(1120): item"])
+            self.launch(
+                r,
+                r.tid_main,
+                "Memcpy DtoH (Device -> Pageable)",
+                COMPUTE,
+                2.0,
+                cat="gpu_memcpy",
+                op="aten::_local_scalar_dense",
+                runtime="cudaMemcpyAsync",
+                extra={"bytes": 1},
+            )
+            self.block(r, r.tid_main, "cudaStreamSynchronize", r.streams[COMPUTE])
+
+    def persistent_gather(self) -> None:
+        """_post_step: the persistent parameters (numel <= stage3_param_persistence_threshold) are partitioned for the
+        optimizer and re-gathered after it, one all_gather per parameter (_allgather_params_coalesced), then
+        get_accelerator().synchronize() (zero3-overlap.md, Other synchronizations)."""
+        pers = [p for p in self.layer_params if p <= self.c.persist_threshold]
+        stack = STEP + [
+            f"{DS}stage3.py(2210): _post_step",
+            f"{DS}partition_parameters.py(1330): all_gather",
+            f"{DS}partition_parameters.py(2062): _allgather_params_coalesced",
+        ]
+        for r in self.ranks:  # the gathers read the partitions Adam just updated
+            self.frames(r, r.tid_main, stack)
+            self.wait_event(r, r.tid_main)
+            r.streams[AG_STREAM] = max(r.streams.get(AG_STREAM, 0.0), r.streams.get(COMPUTE, 0.0))
+        for _ in range(self.c.layers):
+            for numel in pers:
+                self.collective(
+                    "ag",
+                    numel,
+                    {r.rank: AG_STREAM for r in self.ranks},
+                    {r.rank: r.tid_main for r in self.ranks},
+                    {r.rank: [*stack, *AGFN] for r in self.ranks},
+                    {},
+                )
+        for r in self.ranks:
+            self.frames(
+                r,
+                r.tid_main,
+                [
+                    *stack,
+                    "deepspeed/accelerator/cuda_accelerator.py(79): synchronize",
+                    "torch/cuda/__init__.py(985): synchronize",
+                ],
+            )
+            self.block(r, r.tid_main, "cudaDeviceSynchronize", max(r.streams.values()))
+            self.frames(r, r.tid_main, [])
+
     def optimizer(self) -> None:
         numel = (sum(self.layer_params) * self.c.layers + self.c.embed_numel) // self.world
         if self.c.norm_sync:
             self.norm_sync()
+        if self.c.fp16_overflow:
+            self.fp16_overflow()
         if self.c.offload_opt_cpu_adam_us:
             self.cpu_optimizer(numel)
             return
@@ -1108,6 +1226,8 @@ class Sim:
             self.frames(r, r.tid_main, STEP + [f"{DS}stage3.py(2210): _post_step"])
             r.host += 40.0
             self.frames(r, r.tid_main, [])
+        if self.c.persist_post_step:
+            self.persistent_gather()
 
 
 def write(cfg: Cfg, out: Path, ds_config: dict[str, Any] | None, run_json: dict[str, Any] | None) -> None:

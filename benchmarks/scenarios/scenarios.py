@@ -7,6 +7,8 @@ carry no config/env fix (the cause is hardware or the call site is the answer); 
 reading of the same cause, e.g. `peer-wait` beside a `straggler`).
 `forbid`: symptom-without-cause scenarios: rules whose symptom is planted without their cause; any of them
 at warning or above fails the scenario even when listed nowhere else.
+`need`: scenarios with more than one planted cause: groups of rule ids, each of which must have one rule at
+warning or above (the second cause must be named too, not only the top one).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class Scenario:
     fix: str | None = ANY
     also_ok: tuple[str, ...] = ()
     forbid: tuple[str, ...] = ()
+    # two planted causes: each group must have one of its rules at warning or above (both causes named)
+    need: tuple[tuple[str, ...], ...] = ()
     ds: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(BASE_DS))
     run_json: bool = False  # write an `overlapcheck run` folder (run.json with hosts, versions, env)
     env: dict[str, str] = field(default_factory=dict)
@@ -553,6 +557,165 @@ def scenarios() -> list[Scenario]:
             also_ok=("reduce-transfer-bound",),
             forbid=("reduce-scatter-deferred", "small-reductions", "tiny-collectives"),
             kind="symptom",
+        )
+    )
+    # ---- round 6 ----
+    s.append(
+        Scenario(
+            "grad-hook-wait-stream-2x4",
+            "a user gradient hook (a grad monitor registered with param.register_hook) calls "
+            "torch.cuda.current_stream().wait_stream(reduce stream) for every gradient, on a 30 GB/s fabric: the "
+            "compute stream waits for whatever is queued on DeepSpeed's reduce stream (the bucket's copy, the "
+            "reduce-scatter just issued, ~2.9 ms for a 100 MB bucket, longer than the qkv backward it used to hide "
+            "behind), so backward compute stalls behind every bucket. Counterfactual (same seed, no hook): 82.4 ms "
+            "per step instead of 91.6. The cause is the user's call site (train.py(31): _grad_monitor_hook), no "
+            "config fixes it. Expect cross-stream-wait. (At 48 GB/s the same hook costs only 3.3 ms, 4 %: the "
+            "reduce-scatter ends inside the next segment; first version of this scenario, dropped)",
+            Cfg(user_hook_wait_rs=True, nic_gbps=30.0, seed=71),
+            expect=("cross-stream-wait",),
+            fix=None,
+            also_ok=("bandwidth-bound", *LIMITS),
+            forbid=("overlap-comm-disabled", "allgather-not-prefetched"),
+        )
+    )
+    s.append(
+        Scenario(
+            "max-live-small-2x4",
+            "stage3_max_live_parameters 6e7 (one layer is 50.3M) with the prefetch bucket left at 1.5e8 and a "
+            "host-bound Python loop (lag_host_us 3400: 3.4 ms per forward layer, per backward segment): prefetch "
+            "volume is min(max_live - available, prefetch_bucket_size) <= 0 once a layer is live (reuse distance "
+            "1e9 keeps them), so every layer is gathered on demand and the all-gathers are exposed. But the host "
+            "is the critical path: counterfactual max_live 1e9 + prefetch 2 layers gives 197.96 ms per step "
+            "instead of 197.97 (the GPU then waits for launches instead of gathers); the host lag costs ~117 ms "
+            "(lag 0: ~81 ms). Expect host-bound-launch on top; allgather-not-prefetched is a true but worthless "
+            "reading (if it is named, its fix should be stage3_max_live_parameters, not the prefetch bucket)",
+            Cfg(prefetch_layers=0, lag_host_us=3400.0, seed=72),
+            expect=("host-bound-launch",),
+            fix=ANY,
+            ds=_ds(stage3_max_live_parameters=60000000),
+            also_ok=("allgather-not-prefetched",),
+        )
+    )
+    s.append(
+        Scenario(
+            "slow-node-and-fp32-4x8",
+            "two causes at once: node 2's 8 GPUs compute 1.3x slower AND communication_data_type fp32 under bf16 on "
+            "a 26 GB/s fabric (reduce-scatters _f32, twice the bytes). Both must be named at warning or above: "
+            "slow-node / straggler for the first, fp32-communication (or a transfer-bound reading) for the second",
+            Cfg(nodes=4, gpn=8, node_speed={2: 1.3}, comm_dtype="fp32", nic_gbps=26.0, seed=73),
+            expect=("slow-node", "straggler", "fp32-communication", "bandwidth-bound", "reduce-transfer-bound"),
+            fix=ANY,
+            also_ok=("slow-node", "straggler", "peer-wait", "fp32-communication", "bandwidth-bound", *LIMITS),
+            need=(("slow-node", "straggler"), ("fp32-communication",)),
+            ds=_ds(top_communication_data_type="fp32"),
+            run_json=True,
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-persist-large-2x4",
+            "stage3_param_persistence_threshold 5e6: the attention output projection (4.2M per layer) persists, so "
+            "the per-layer gathers are 46M instead of 50M; DeepSpeed's _post_step re-gathers the 8 persistent "
+            "params after Adam (8 small all_gathers, ~8.4 MB each) and calls synchronize(). ~1.5 ms of exposed "
+            "gather + sync per ~90 ms step, the memory/communication trade the user chose. Expect nothing above "
+            "info; never allgather-not-prefetched / tiny-collectives",
+            Cfg(persist_threshold=5e6, persist_post_step=True, seed=74),
+            ds=_ds(stage3_param_persistence_threshold=5000000),
+            forbid=("allgather-not-prefetched", "tiny-collectives"),
+            kind="healthy",
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-nccl-env-2x4",
+            "run.json env NCCL_ALGO=Ring, NCCL_PROTO=Simple, NCCL_BUFFSIZE=8388608 on a healthy 48 GB/s fabric "
+            "(kernel names ..._RING_SIMPLE): tuning variables set, communication at full speed and hidden. Expect "
+            "nothing above info; never bandwidth-bound (no env fix to give)",
+            Cfg(nccl_proto="SIMPLE", seed=75),
+            forbid=("bandwidth-bound",),
+            kind="healthy",
+            run_json=True,
+            env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "8388608"},
+        )
+    )
+    s.append(
+        Scenario(
+            "straggler-backward-only-2x4",
+            "rank 6's GPU is 1.25x slower in backward only (forward at full speed): every backward gather and "
+            "reduce-scatter waits for it; forward is balanced. Expect straggler (rank 6), no config fix",
+            Cfg(bwd_speed={6: 1.25}, seed=76),
+            expect=("straggler",),
+            fix=None,
+            also_ok=("peer-wait",),
+            run_json=True,
+        )
+    )
+    s.append(
+        Scenario(
+            "host-bound-tiny-kernels-1x8",
+            "hidden 1024 x 16 layers, 2048 tokens per GPU on one NVLink node, 30 us of Python per launched op: "
+            "kernels of 6-75 us, the host launches slower than the GPU runs them, so the compute stream idles "
+            "between kernels; gathers are prefetched and NVLink-fast (~85 us). Expect host-bound-launch; never "
+            "allgather-not-prefetched (prefetch is configured and issued ahead)",
+            Cfg(nodes=1, gpn=8, hidden=1024, layers=16, tokens=2048, kernel_host_us=30.0, seed=77),
+            expect=("host-bound-launch",),
+            fix=ANY,
+            also_ok=("unexplained-exposure",),
+            forbid=("allgather-not-prefetched",),
+            run_json=True,
+        )
+    )
+    s.append(
+        Scenario(
+            "tiny-buckets-4x8",
+            "reduce_bucket_size 1e5 at 32 ranks (hidden 1024, 16 layers, 4096 tokens, 6 small 1024-element params "
+            "per layer): ~5 reduce-scatters per layer (1-4M elements each and a 6K-element one), each paying "
+            "~39 us of ring latency over 4 nodes, with the 2-event throttle pinning the host to them. Expect "
+            "small-reductions / tiny-collectives / reduce-event-throttle, fix reduce_bucket_size",
+            Cfg(
+                nodes=4,
+                gpn=8,
+                hidden=1024,
+                layers=16,
+                tokens=4096,
+                reduce_bucket=1e5,
+                extra_params=[1024] * 6,
+                seed=78,
+            ),
+            expect=("small-reductions", "tiny-collectives", "reduce-event-throttle"),
+            fix="zero_optimization.reduce_bucket_size",
+            ds=_ds(reduce_bucket_size=100000),
+            also_ok=("small-reductions", "tiny-collectives", "reduce-event-throttle", *LIMITS, "bandwidth-bound"),
+        )
+    )
+    s.append(
+        Scenario(
+            "rank0-slow-host-2x4",
+            "symptom without cause: rank 0's host spends 25 us per launched op instead of 9 (logging, metric "
+            "hooks), yet it stays far ahead of its GPU (kernels of 0.1-2 ms): its cpu_ops and launches are later "
+            "and longer, its GPU timeline is the others'. Never straggler / host-bound-launch / peer-wait",
+            Cfg(kernel_host_by_rank={0: 25.0}, seed=79),
+            forbid=("straggler", "host-bound-launch", "peer-wait", "slow-node"),
+            kind="symptom",
+            run_json=True,
+        )
+    )
+    s.append(
+        Scenario(
+            "healthy-fp16-overflow-2x4",
+            "fp16 training with dynamic loss scaling, communication in fp16 (kernels _f16, dtype Half, no cast): "
+            "step()'s has_overflow makes the default stream wait for the reduce stream, all-reduces a 1-byte "
+            "overflow flag (MAX, Byte) and reads it with .item() right after the epilogue's sync: a real sync with "
+            "nothing queued behind it. Expect nothing above info; never host-sync / fp32-communication / "
+            "cross-stream-wait",
+            Cfg(comm_dtype="fp16", train_dtype="fp16", fp16_overflow=True, seed=80),
+            ds={
+                **_ds(),
+                "bf16": {"enabled": False},
+                "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16},
+            },
+            forbid=("host-sync", "fp32-communication", "cross-stream-wait"),
+            kind="healthy",
         )
     )
     return s

@@ -69,7 +69,9 @@ def judge(sc: Scenario, report: dict[str, Any]) -> dict[str, Any]:
         fix_ok = judged is not None and not fix_keys(judged)
     else:
         fix_ok = judged is not None and any(k == sc.fix or k.startswith(sc.fix + ".") for k in fix_keys(judged))
-    passed = top_ok and fix_ok is not False and not false_alarms
+    named = {f["rule"] for f in severe}
+    missing = ["|".join(g) for g in sc.need if not named & set(g)]
+    passed = top_ok and fix_ok is not False and not false_alarms and not missing
     return {
         "scenario": sc.name,
         "kind": sc.kind,
@@ -88,6 +90,7 @@ def judge(sc: Scenario, report: dict[str, Any]) -> dict[str, Any]:
         "top_ok": top_ok,
         "fix_ok": fix_ok,
         "false_alarms": false_alarms,
+        "missing": missing,
         "pass": passed,
         "step_ms": _step_ms(report),
     }
@@ -147,7 +150,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 ",".join(r["expected"]),
                 top,
                 fix,
-                ",".join(r["false_alarms"]) or "-",
+                ",".join([*r["false_alarms"], *("missing:" + m for m in r.get("missing") or [])]) or "-",
                 "pass" if r["pass"] else "FAIL",
             )
         )
