@@ -534,3 +534,30 @@ def test_gather_held_by_a_wait_for_another_groups_reduce_scatter_is_transfer_bou
     events = [e for e in gather_behind_reduce("2") if not (e.get("name") in waits and e["args"]["correlation"] == 4)]
     found = rules(diagnose(tmp_path / "no-wait", events))
     assert found["allgather-transfer-bound"].cost_us == 400.0 and "cross-stream-wait" not in found
+
+
+@pytest.mark.parametrize(
+    "zero, fix",
+    [
+        ({"stage3_max_live_parameters": 60_000_000, "stage3_prefetch_bucket_size": 150_000_000},
+         {"zero_optimization.stage3_max_live_parameters": 1_000_000_000}),
+        ({"stage3_max_live_parameters": 40_000_000}, {"zero_optimization.stage3_max_live_parameters": 1_000_000_000}),
+        ({"stage3_max_live_parameters": 200_000_000, "stage3_prefetch_bucket_size": 150_000_000},
+         {"zero_optimization.log_trace_cache_warnings": True}),
+        ({}, {"zero_optimization.log_trace_cache_warnings": True}),
+    ],
+)  # fmt: skip
+def test_gathers_on_demand_under_a_small_max_live_parameters_name_it(
+    tmp_path: Path, zero: dict[str, Any], fix: dict[str, Any]
+) -> None:
+    # was: with stage3_max_live_parameters 6e7 below the 1.5e8 prefetch bucket (no room to prefetch beside the
+    # module's own parameters), the fix was log_trace_cache_warnings (a round-6 scenario); the same stalls under a
+    # max_live above the bucket still point at an invalidated trace
+    config = {"zero_optimization": {"stage": 3, **zero}}
+    f = rules(diagnose(tmp_path, on_demand_gathers(), config))["allgather-not-prefetched"]
+    assert f.cost_us == 404.0 and f.fix.config == fix
+    assert f.evidence["max_live_parameters"] == zero.get("stage3_max_live_parameters")
+    if "zero_optimization.stage3_max_live_parameters" in fix:
+        assert "is below stage3_prefetch_bucket_size" in f.why and "GPU memory" in f.why
+    else:
+        assert "parameter trace is being invalidated" in f.why

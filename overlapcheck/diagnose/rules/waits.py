@@ -34,6 +34,7 @@ from overlapcheck.diagnose.rule import Rule
 from overlapcheck.model import Blame, Finding, Fix
 from overlapcheck.trace import classify as C
 
+DEFAULT_MAX_LIVE = 1_000_000_000  # stage3_max_live_parameters default (v0.6 .. 0.19.x)
 MAX_PREFETCH_GROWTH = 8.0  # the most a computed stage3_prefetch_bucket_size multiplies the current one by
 
 
@@ -54,16 +55,31 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
     if round(cost, 3) <= 0:  # as the finding reports it
         return []  # prefetched, the gathers would be waited for as long: allgather-transfer-bound's
     prefetch = config_value(view.config, "zero_optimization.stage3_prefetch_bucket_size")
+    live = config_value(view.config, "zero_optimization.stage3_max_live_parameters")
     if prefetch is not None and prefetch <= 0:
         why = "stage3_prefetch_bucket_size is 0, so no all-gather is issued before its module needs it"
         fix = make_fix(view.config, {"zero_optimization.stage3_prefetch_bucket_size": DEFAULT_PREFETCH_BUCKET})
+    elif live is not None and live < (prefetch if prefetch is not None else DEFAULT_PREFETCH_BUCKET):
+        # fetch_sub_module prefetches min(max_live_parameters - available, prefetch_bucket_size) elements
+        bucket = prefetch if prefetch is not None else DEFAULT_PREFETCH_BUCKET
+        why = (
+            f"stage3_max_live_parameters ({sci(live)}) is below stage3_prefetch_bucket_size ({sci(bucket)}): "
+            "DeepSpeed prefetches only as many parameters as fit under max_live_parameters beside those already "
+            "gathered, so with the current module's parameters live there is no room to fetch the next one early "
+            "(raising it costs GPU memory: up to that many parameters gathered at once)"
+        )
+        fix = make_fix(view.config, {"zero_optimization.stage3_max_live_parameters": DEFAULT_MAX_LIVE})
     else:
         why = (
             "all-gathers are issued only when their module runs: the parameter trace is being invalidated "
             "(dynamic control flow); set log_trace_cache_warnings to see which module changes the order"
         )
         fix = make_fix(view.config, {"zero_optimization.log_trace_cache_warnings": True})
-    evidence = {"on_demand_fetches_per_step": round(float(per_step), 2), "prefetch_bucket_size": prefetch}
+    evidence = {
+        "on_demand_fetches_per_step": round(float(per_step), 2),
+        "prefetch_bucket_size": prefetch,
+        "max_live_parameters": live,
+    }
     return [
         finding(
             NOT_PREFETCHED.id,
