@@ -472,14 +472,15 @@ def test_a_throttle_with_healthy_peers_keeps_its_cost(tmp_path: Path) -> None:
     assert min(own) > 0.0 and f.cost_us == pytest.approx(sum(own) / len(own), abs=1e-3)
 
 
-# -- (h) a throttle whose reductions cannot keep up with backward at this bandwidth ------------------------------
+# -- (i) a throttle whose reductions cannot keep up with backward at this bandwidth ------------------------------
 
 
-def throttled_backward(reduce_us: float) -> list[dict[str, Any]]:
+def throttled_backward(reduce_us: float, nelems: int = 1 << 24) -> list[dict[str, Any]]:
     """One step, its backward pass one autograd op [0, 4000): GEMM 1 [5, 305); three reduce-scatters launched at
     10, 12, 14 run back to back from 20, `reduce_us` each; the throttle blocks the host from 16 until the first
     ends (20 + reduce_us); then GEMMs 2-6, 300 µs each, are launched one after another: compute idles from 305
-    until GEMM 2 starts (30 + reduce_us), and backward computes 1800 µs in all."""
+    until GEMM 2 starts (30 + reduce_us), and backward computes 1800 µs in all. Each reduce-scatter moves
+    `nelems` bf16 elements (32 MiB by default: large enough that its bytes, not NCCL's latency, set its time)."""
     first_end = 20 + reduce_us
     events = [
         step(1, 0, 6000),
@@ -490,7 +491,8 @@ def throttled_backward(reduce_us: float) -> list[dict[str, Any]]:
         runtime("cudaEventSynchronize", 16, first_end - 16, 90),
     ]
     for i in range(3):
-        events += [launch(10 + 2 * i, 2 + i), kernel(RS, 20 + i * reduce_us, reduce_us, stream=17, corr=2 + i)]
+        rs = kernel(RS, 20 + i * reduce_us, reduce_us, stream=17, corr=2 + i, **{**RS_ARGS, "In msg nelems": nelems})
+        events += [launch(10 + 2 * i, 2 + i), rs]
     t = first_end + 10
     for i in range(5):
         events += [launch(t - 5 + i, 10 + i), kernel(GEMM, t + 300 * i, 300, corr=10 + i)]
@@ -518,3 +520,8 @@ def test_a_throttle_of_reductions_that_outlast_backward_gets_no_bucket_fix(tmp_p
     # at 900 µs (2700 in all) nothing is left to save: no finding
     found = {f.rule: f for f in diagnose(tmp_path / "slower", throttled_backward(900)).findings}
     assert "reduce-event-throttle" not in found
+    # 700 µs for 16 Ki elements each: NCCL's per-call latency, not the bytes (no large reduce-scatter, no sizes
+    # apart to fit): nothing says bigger buckets would not shorten them, so the bucket fix stands
+    found = {f.rule: f for f in diagnose(tmp_path / "latency", throttled_backward(700, 16384)).findings}
+    f = found["reduce-event-throttle"]
+    assert f.cost_us == 425.0 and "zero_optimization.reduce_bucket_size" in (f.fix.config or {})

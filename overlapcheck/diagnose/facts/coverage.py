@@ -226,11 +226,70 @@ def coverage(view: RankFacts, findings: Sequence[Finding], limits: Collection[st
     )
 
 
+LARGE_BYTES = 16 << 20  # a reduce-scatter this large runs at the link's bandwidth: the reference rate
+FIT_SIZE_RANGE = 4.0  # the largest and smallest reduce-scatter sizes a latency-bandwidth fit needs apart
+
+
+@dataclass(frozen=True)
+class ReductionRates:
+    """The rank's reduce-scatters of known size in its steps (`rows`, GPU rows), and per process group the rate
+    (bytes per µs) such a transfer reaches once its bytes, not NCCL's per-call latency, set its time: the best
+    rate at their transfer time (`transfer_us`) of the group's reduce-scatters of at least LARGE_BYTES, else the
+    asymptote of a latency-bandwidth fit (`source` says which); a group with neither has no reference."""
+
+    rows: np.ndarray
+    nbytes: np.ndarray  # per GPU row (float), as message_bytes
+    transfer: np.ndarray  # per GPU row, transfer_us
+    reference: dict[int, float]
+    source: dict[int, str]
+
+
+def reduction_rates(view: RankFacts) -> ReductionRates:
+    """The rank's `ReductionRates`, computed once (small-reductions and `reduction_load` read them)."""
+    return view.memo("reduction_rates", _reduction_rates)
+
+
+def _reduction_rates(view: RankFacts) -> ReductionRates:
+    g = view.gpu
+    in_steps = view.gpu_step >= 0 if len(view.model.steps) else np.ones(len(g), dtype=bool)
+    nbytes = message_bytes(view.model).astype(np.float64)
+    rs = np.flatnonzero(view.is_comm & in_steps & (g.coll == RS) & (nbytes > 0))
+    transfer = transfer_us(view)
+    reference: dict[int, float] = {}
+    source: dict[int, str] = {}
+    if len(rs):
+        rate = nbytes[rs] / np.maximum(transfer[rs], 1e-3)  # bytes per µs at the transfer time
+        for pg in np.unique(g.pg[rs]).tolist():
+            mine = g.pg[rs] == pg
+            large = mine & (nbytes[rs] >= LARGE_BYTES)
+            if large.any():
+                reference[int(pg)], source[int(pg)] = float(rate[large].max()), "large reduce-scatters"
+            elif (fitted := _asymptotic_rate(nbytes[rs[mine]], transfer[rs[mine]])) is not None:
+                reference[int(pg)], source[int(pg)] = fitted, "latency-bandwidth fit"
+    return ReductionRates(rs, nbytes, transfer, reference, source)
+
+
+def _asymptotic_rate(nbytes: np.ndarray, transfer: np.ndarray) -> float | None:
+    """The rate (bytes per µs) a group's reduce-scatters tend to as they grow, when none is large enough to show
+    it: the Hockney (latency-bandwidth) model t = α + bytes / rate fitted by least squares to the fastest transfer
+    of each distinct size (waiting for peers is least there). Needs sizes at least FIT_SIZE_RANGE apart (closer
+    ones cannot tell α from the bytes' time) and a fit with α >= 0 and a positive rate; None otherwise."""
+    sizes = np.unique(nbytes)
+    if len(sizes) < 2 or sizes[-1] < FIT_SIZE_RANGE * sizes[0]:
+        return None
+    fastest = np.array([float(transfer[nbytes == b].min()) for b in sizes.tolist()])
+    slope, alpha = np.polyfit(sizes.astype(np.float64), fastest, 1)
+    if slope <= 0 or alpha < 0:
+        return None
+    return float(1.0 / slope)
+
+
 @dataclass(frozen=True)
 class ReductionLoad:
-    """Per step (means over the steps with backward compute): the gradient reductions' transfer at the best rate
-    this rank measured (`transfer_us`, the kernels' waits for peers left out) against the backward compute on
-    the compute stream (busy time)."""
+    """Per step (means over the steps with backward compute): the time the gradient reduce-scatters' bytes take at
+    their group's reference rate (`ReductionRates`: what no bucket size shortens; NCCL's per-call latency, which
+    larger buckets do save, and the waits for peers left out) against the backward compute on the compute stream
+    (busy time)."""
 
     transfer_us: float
     backward_us: float
@@ -241,8 +300,9 @@ class ReductionLoad:
 
 
 def reduction_load(view: RankFacts) -> ReductionLoad | None:
-    """The rank's `ReductionLoad`, or None without backward compute or gradient reductions in its steps. At a
-    ratio near 1 the reductions cannot keep up with backward at this bandwidth, whatever their bucket size."""
+    """The rank's `ReductionLoad`, or None without backward compute or gradient reductions in its steps, or when
+    a reduce-scatter's size or its group's reference rate is unknown. At a ratio above 1 the reductions cannot
+    keep up with backward at this bandwidth, whatever their bucket size."""
     return view.memo("reduction_load", _reduction_load)
 
 
@@ -251,12 +311,15 @@ def _reduction_load(view: RankFacts) -> ReductionLoad | None:
     phase = phase_of(view.model, view.launch, phase_windows(view.model))
     backward = np.flatnonzero(view.is_compute & (g.stream == view.compute_stream) & (phase == PHASES.index("backward")))
     grads = np.flatnonzero(view.is_comm & (g.coll == RS) & (view.gpu_step >= 0))
-    if not len(backward) or not len(grads):
+    rates = reduction_rates(view)
+    if not len(backward) or not len(grads) or not set(g.pg[grads].tolist()) <= set(rates.reference):
+        return None  # without sizes or a reference rate, latency cannot be told from bytes
+    if not np.isin(grads, rates.rows).all():
         return None
-    transfer = transfer_us(view)
+    least = rates.nbytes / np.array([rates.reference.get(int(p), np.inf) for p in g.pg.tolist()])
     by_step = view.group_by_step(grads)
     pairs = [
-        (float(transfer[by_step[step]].sum()), iv.length(iv.union(g.start[rows], g.end[rows])))
+        (float(least[by_step[step]].sum()), iv.length(iv.union(g.start[rows], g.end[rows])))
         for step, rows in view.group_by_step(backward).items()
         if step in by_step
     ]

@@ -8,9 +8,8 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.analysis import intervals as iv
-from overlapcheck.analysis.bandwidth import message_bytes
 from overlapcheck.diagnose.facts.concurrency import default_stream_claims
-from overlapcheck.diagnose.facts.coverage import gradient_tails, transfer_us
+from overlapcheck.diagnose.facts.coverage import gradient_tails, reduction_rates, transfer_us
 from overlapcheck.diagnose.facts.dtypes import exposed_tail, fp32_reductions
 from overlapcheck.diagnose.facts.hostsyncs import REDUCE_THROTTLE, STARVED_LAUNCH_US
 from overlapcheck.diagnose.facts.sizing import (
@@ -369,7 +368,6 @@ def _buffer_bytes(view: RankFacts, comm: np.ndarray) -> tuple[np.ndarray, np.nda
     return size, (g.coll[rows] == AG) & (g.out_nelems[rows] <= 0)
 
 
-LARGE_BYTES = 16 << 20  # a reduce-scatter this large runs at the link's bandwidth: the reference rate
 LATENCY_BOUND = 0.5  # a reduction whose rate is below this share of the large ones' is latency-bound
 SMALL_PER_STEP = 16  # many of them per step
 
@@ -386,27 +384,14 @@ def small_reductions(view: RankFacts) -> list[Finding]:
     reference rate (what merging it into a large bucket saves), at most its exposed time; the windows of the
     reduce-event throttle's syncs are that finding's (facts/hostsyncs.py). Fix: the recommended bucket."""
     g = view.gpu
-    in_steps = view.gpu_step >= 0 if len(view.model.steps) else np.ones(len(g), dtype=bool)
-    nbytes = message_bytes(view.model).astype(np.float64)
-    rs = np.flatnonzero(view.is_comm & in_steps & (g.coll == RS) & (nbytes > 0))
+    rates = reduction_rates(view)
+    rs, nbytes, transfer, reference, source = rates.rows, rates.nbytes, rates.transfer, rates.reference, rates.source
     if not len(rs):
         return []
-    transfer = transfer_us(view)
     rate = nbytes[rs] / np.maximum(transfer[rs], 1e-3)  # bytes per µs at the transfer time
     small_rows: list[int] = []
-    reference: dict[int, float] = {}
-    source: dict[int, str] = {}
-    for pg in np.unique(g.pg[rs]).tolist():
+    for pg, best in reference.items():
         mine = g.pg[rs] == pg
-        large = mine & (nbytes[rs] >= LARGE_BYTES)
-        if large.any():
-            best, source[int(pg)] = float(rate[large].max()), "large reduce-scatters"
-        else:
-            fitted = _asymptotic_rate(nbytes[rs[mine]], transfer[rs[mine]])
-            if fitted is None:
-                continue
-            best, source[int(pg)] = fitted, "latency-bandwidth fit"
-        reference[int(pg)] = best
         small_rows += rs[mine & (rate < LATENCY_BOUND * best)].tolist()
     per_step = len(small_rows) / view.n_steps
     if per_step < SMALL_PER_STEP:
@@ -479,24 +464,6 @@ def small_reductions(view: RankFacts) -> list[Finding]:
             covers=covers,
         )
     ]
-
-
-FIT_SIZE_RANGE = 4.0  # the largest and smallest reduce-scatter sizes a latency-bandwidth fit needs apart
-
-
-def _asymptotic_rate(nbytes: np.ndarray, transfer: np.ndarray) -> float | None:
-    """The rate (bytes per µs) a group's reduce-scatters tend to as they grow, when none is large enough to show
-    it: the Hockney (latency-bandwidth) model t = α + bytes / rate fitted by least squares to the fastest transfer
-    of each distinct size (waiting for peers is least there). Needs sizes at least FIT_SIZE_RANGE apart (closer
-    ones cannot tell α from the bytes' time) and a fit with α >= 0 and a positive rate; None otherwise."""
-    sizes = np.unique(nbytes)
-    if len(sizes) < 2 or sizes[-1] < FIT_SIZE_RANGE * sizes[0]:
-        return None
-    fastest = np.array([float(transfer[nbytes == b].min()) for b in sizes.tolist()])
-    slope, alpha = np.polyfit(sizes.astype(np.float64), fastest, 1)
-    if slope <= 0 or alpha < 0:
-        return None
-    return float(1.0 / slope)
 
 
 def reduce_transfer_bound(view: RankFacts) -> list[Finding]:

@@ -72,5 +72,8 @@ def fp32_communication(view: RankFacts) -> list[Finding]:
     ]
 
 
-# twice the bytes of the training dtype (reduce-transfer-bound leaves the windows it saves to it)
-FP32_COMMUNICATION = Rule("fp32-communication", fp32_communication, blame=exposed_blames)
+# twice the bytes of the training dtype (reduce-transfer-bound leaves the windows it saves to it); reductions
+# twice as long keep more in flight, so the reduce throttle's blocks are partly its cost (counted once)
+FP32_COMMUNICATION = Rule(
+    "fp32-communication", fp32_communication, blame=exposed_blames, explains=("reduce-event-throttle",)
+)
