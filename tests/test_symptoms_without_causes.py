@@ -561,3 +561,18 @@ def test_gathers_on_demand_under_a_small_max_live_parameters_name_it(
         assert "is below stage3_prefetch_bucket_size" in f.why and "GPU memory" in f.why
     else:
         assert "parameter trace is being invalidated" in f.why
+
+
+@pytest.mark.symptom_without_cause("allgather-not-prefetched")
+@pytest.mark.parametrize("ahead_us, cost", [(2.0, 4.0), (150.0, 300.0), (None, 404.0)])
+def test_a_prefetch_saves_no_more_than_the_host_is_ahead(tmp_path: Path, ahead_us: float | None, cost: float) -> None:
+    # was: with the host launching every kernel after the stall just in time (host-bound), the stalls were all
+    # allgather-not-prefetched's (a round-6 scenario: 28 ms critical where a prefetch saved nothing): ended
+    # earlier, the stall would only leave the GPU waiting for the next launch. After each stalled GEMM
+    # [t + 204, t + 254) a GEMM starts at t + 254, launched `ahead_us` before (None: none follows)
+    events = on_demand_gathers()
+    if ahead_us is not None:
+        for i, t in enumerate((400.0, 700.0)):
+            events += [launch(t + 254 - ahead_us, 50 + i), kernel(GEMM, t + 254, 40, corr=50 + i)]
+    found = rules(diagnose(tmp_path, events))
+    assert found["allgather-not-prefetched"].cost_us == cost

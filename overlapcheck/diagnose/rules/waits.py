@@ -49,7 +49,8 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
     mask, all_costs = not_prefetched_costs(view)
     if not mask.any():
         return []
-    costs = np.maximum(0.0, all_costs - on_demand_remainder(view))[mask]
+    saved = np.maximum(0.0, all_costs - on_demand_remainder(view))
+    costs = np.minimum(saved, host_slack(view))[mask]
     per_step = mask.sum() / view.n_steps
     cost, steps = view.per_step(costs, view.launch[st.kernel[mask]])
     if round(cost, 3) <= 0:  # as the finding reports it
@@ -98,6 +99,34 @@ def allgather_not_prefetched(view: RankFacts) -> list[Finding]:
 def _windows(st: Stalls, sel: np.ndarray) -> iv.Intervals:
     """The stall windows of the selected stalls."""
     return iv.union(st.start[sel], st.end[sel])
+
+
+def host_slack(view: RankFacts) -> np.ndarray:
+    """Per stall: how far ahead of the GPU the host was after it, the least (start - launch) of the compute-stream
+    activities after the stalled one up to the next stall (inf when none follows). A prefetch ends the stall
+    earlier, but the work after it runs no earlier than the host launched it: a host that launches each kernel
+    just in time (host-bound-launch's) leaves a prefetch nothing to save. Once per rank."""
+    return view.memo("host_slack", _host_slack)
+
+
+def _host_slack(view: RankFacts) -> np.ndarray:
+    st = view.stalls
+    g = view.gpu
+    out = np.full(len(st.kernel), np.inf)
+    on_s = np.flatnonzero(g.stream == view.compute_stream)
+    if not len(st.kernel) or not len(on_s):
+        return out
+    on_s = on_s[np.argsort(g.start[on_s], kind="stable")]
+    slack = np.where(np.isfinite(view.launch[on_s]), g.start[on_s] - view.launch[on_s], np.inf)
+    starts = g.start[on_s]
+    order = np.argsort(g.start[st.kernel], kind="stable")
+    kernel_start = g.start[st.kernel[order]]
+    lo = np.searchsorted(starts, kernel_start, side="right")  # the activities after the stalled one
+    hi = np.r_[np.searchsorted(starts, kernel_start[1:], side="left"), len(starts)]  # up to the next stalled one
+    for k, a, b in zip(order.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        if b > a:
+            out[k] = max(0.0, float(slack[a:b].min()))
+    return out
 
 
 def remaining_if_prefetched(view: RankFacts, mask: np.ndarray) -> np.ndarray:
