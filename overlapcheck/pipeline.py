@@ -469,10 +469,17 @@ def compile_rank_pattern(pattern: str, caller: Caller = CLI) -> re.Pattern[str]:
         regex = re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         raise UserError(f"{caller.pattern(pattern[:60])} is not a regular expression ({exc})") from None
-    if _nests_repetitions(pattern):
+    shape = _exponential_shape(pattern)
+    if shape == "nested":
         raise UserError(
             f"{caller.pattern(pattern[:60])} nests repetitions, which can take exponential time on a file's "
             "name (Python's re backtracks through every split): repeat once, as a+ for (a+)+"
+        )
+    if shape == "branches":
+        raise UserError(
+            f"{caller.pattern(pattern[:60])} repeats alternatives that can match alike, which can take exponential "
+            "time on a file's name (Python's re tries every way to split it among them): make them start "
+            "differently, as (?:a)+ for (a|a?)+"
         )
     return regex
 
@@ -481,27 +488,43 @@ _REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
 
 
 @functools.lru_cache(maxsize=64)
-def _nests_repetitions(pattern: str) -> bool:
-    """Whether an unbounded repeat of `pattern` holds another unbounded repeat (`(a+)+`, `(a*)*`, `(x|y+)*`): the
-    shape that backtracks exponentially. Read from the parsed pattern; False where the parser is unavailable."""
+def _exponential_shape(pattern: str) -> str | None:
+    """Whether an unbounded repeat of `pattern` holds another unbounded repeat (`(a+)+`, `(a*)*`, `(x|y+)*`), or
+    an alternation whose branches may start alike (`(a|a?)+`, `(ab|a)*`: the parser has already merged the
+    common prefixes and single characters of the rest): the shapes that backtrack exponentially. Read from the
+    parsed pattern: "nested", "branches", or None (also where the parser is unavailable)."""
     parser = _regex_parser()
     if parser is None:
-        return False
+        return None
     try:
         tree = parser.parse(pattern)
         unbounded = int(parser.MAXREPEAT)
     except Exception:  # a private module: whatever it raises, the pattern compiled and is used as it is
-        return False
+        return None
     stack: list[tuple[Any, bool]] = [(tree, False)]
+    found: str | None = None
     while stack:
         node, inside = stack.pop()
         for op, av in _items(node):
             repeat = str(op) in _REPEATS and int(av[1]) == unbounded
             if repeat and inside:
-                return True
+                return "nested"
+            if inside and str(op) == "BRANCH" and not _distinct_starts(av[1]):
+                found = "branches"  # unless a nested repeat is found too: that one is named
             backtracks = repeat and str(op) != "POSSESSIVE_REPEAT"  # a possessive repeat gives nothing back
             stack.extend((sub, inside or backtracks) for sub in _subpatterns(av))
-    return False
+    return found
+
+
+def _distinct_starts(branches: Any) -> bool:
+    """Whether every branch of an alternation starts with a literal character no other branch starts with."""
+    firsts = []
+    for branch in branches:
+        items = _items(branch)
+        if not items or str(items[0][0]) != "LITERAL":
+            return False
+        firsts.append(items[0][1])
+    return len(set(firsts)) == len(firsts)
 
 
 def _regex_parser() -> Any:

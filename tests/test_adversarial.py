@@ -2275,8 +2275,30 @@ def test_a_rank_from_that_nests_repetitions_is_refused_at_once(tmp_path: Path, p
         overlapcheck.analyze(folder, jobs=1, rank_from=pattern)
 
 
+@pytest.mark.parametrize("pattern", ["(a|a?)+c", "(ab|a)*c", r"rank(\d+)(?:-(?:a|ab))+x"])
+def test_a_rank_from_that_repeats_alternatives_matching_alike_is_refused_at_once(tmp_path: Path, pattern: str) -> None:
+    # was: `--rank-from '(a|a?)+c'` passed the nesting check (the inner `a?` is bounded) and took exponential time
+    # on a name of a's: every way to split them between the two branches is tried
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / f"rank0-{'a' * 20}.json").write_bytes(doc_bytes(rank=0, world=1))
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", pattern)
+    assert code == 2 and stdout == "", stderr
+    assert f"--rank-from '{pattern}' repeats alternatives that can match alike" in stderr, stderr
+    with pytest.raises(UserError, match="^rank_from=.* repeats alternatives"):
+        overlapcheck.analyze(folder, jobs=1, rank_from=pattern)
+
+
 @pytest.mark.parametrize(
-    "pattern", [r"gpu(\d+)", r"(?:ab)*gpu(\d+)", r"^.*?/gpu(\d{1,6})\.json", r"(?:g|p|u)+?(\d+)(?:\.json)+"]
+    "pattern",
+    [
+        r"gpu(\d+)",
+        r"(?:ab)*gpu(\d+)",
+        r"^.*?/gpu(\d{1,6})\.json",
+        r"(?:g|p|u)+?(\d+)(?:\.json)+",
+        r"(?:gpu|rank)+(\d+)",
+        r"(?:x|\d)*?gpu(\d+)",
+    ],
 )
 def test_a_rank_from_without_nested_repetitions_is_read(tmp_path: Path, pattern: str) -> None:
     folder = tmp_path / "job"
@@ -2291,9 +2313,9 @@ def test_a_rank_pattern_is_checked_without_the_private_parser(monkeypatch: pytes
     from overlapcheck import pipeline
 
     monkeypatch.setattr(pipeline, "_regex_parser", lambda: None)
-    pipeline._nests_repetitions.cache_clear()
+    pipeline._exponential_shape.cache_clear()
     assert pipeline.compile_rank_pattern("(a+)+c").pattern == "(a+)+c"  # no parser: no refusal, no crash
-    pipeline._nests_repetitions.cache_clear()
+    pipeline._exponential_shape.cache_clear()
 
 
 def test_a_rank_from_that_matches_no_path_is_one_line_written_as_typed(tmp_path: Path) -> None:
