@@ -1601,6 +1601,48 @@ def test_run_force_replaces_an_earlier_run_and_keeps_a_trace_beside_it(tmp_path:
     assert (folder / "rank0.trace.json.gz").read_bytes() == b"copied here by hand"
 
 
+@pytest.mark.parametrize("folder_name", ["traces", "status"])
+def test_run_force_never_writes_through_a_linked_traces_or_status_folder(tmp_path: Path, folder_name: str) -> None:
+    # was: rmtree failed on the link silently, and the new trace replaced another folder's rank0.pt.trace.json.gz
+    folder = tmp_path / "run"
+    args = ["run", "--out", str(folder), "--summary-timeout", "1", "--", "true"]
+    assert cli(*args)[0] == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "rank0.pt.trace.json.gz").write_bytes(b"another job's trace")
+    shutil.rmtree(folder / folder_name, ignore_errors=True)
+    (folder / folder_name).symlink_to(other)
+    code, _, stderr = cli(*args[:3], "--force", *args[3:])
+    assert code == 2 and "symbolic link" in stderr and len(stderr.splitlines()) == 1, stderr
+    assert (other / "rank0.pt.trace.json.gz").read_bytes() == b"another job's trace"
+    assert (folder / "run.json").exists()  # refused before anything was deleted
+
+
+@pytest.mark.parametrize("foreign", ["traces/NOTES.txt", "traces/other-job-rank3.json.gz", "traces/keep/x.txt",
+                                     "status/mine.txt"])  # fmt: skip
+def test_run_force_deletes_only_the_files_run_wrote_and_refuses_a_folder_with_others(
+    tmp_path: Path, foreign: str
+) -> None:
+    # was: --force deleted the whole traces/ and status/, a note, another job's trace and a subfolder with them
+    folder = tmp_path / "run"
+    args = ["run", "--out", str(folder), "--summary-timeout", "1", "--", "true"]
+    assert cli(*args)[0] == 0
+    (folder / "traces").mkdir(exist_ok=True)
+    (folder / "traces" / "rank0.pt.trace.json.gz").write_bytes(b"the earlier run's trace")
+    (folder / foreign).parent.mkdir(parents=True, exist_ok=True)
+    (folder / foreign).write_text("the user's")
+    code, _, stderr = cli(*args[:3], "--force", *args[3:])
+    assert code == 2 and "never deleted, even with --force" in stderr and Path(foreign).parts[1] in stderr, stderr
+    assert (folder / foreign).read_text() == "the user's"
+    assert (folder / "traces" / "rank0.pt.trace.json.gz").exists()  # nothing deleted on a refusal
+    (folder / foreign).unlink()
+    if len(Path(foreign).parts) > 2:
+        (folder / foreign).parent.rmdir()
+    code, _, stderr = cli(*args[:3], "--force", *args[3:])
+    assert code == 0, stderr
+    assert not (folder / "traces" / "rank0.pt.trace.json.gz").exists()  # its own files are replaced
+
+
 @pytest.mark.parametrize("seconds", ["nan", "inf", "-1", "1e300"])
 def test_a_summary_timeout_that_never_ends_is_refused_before_the_job_runs(tmp_path: Path, seconds: str) -> None:
     # was: accepted; a NaN deadline is never reached, so a stuck summary made the launcher wait forever

@@ -74,3 +74,20 @@ def is_run_file(name: str) -> bool:
         or (name.startswith("rank") and name.endswith(".summary.json"))
         or (name.startswith(".") and ".tmp" in name)
     )  # temp files of an interrupted write
+
+
+_OWN_TRACE = re.compile(r"^rank[0-9]+\.pt\.trace\.json\.gz$")
+_OWN_STATUS = re.compile(
+    r"^(rank[0-9]+\.(owner|json|summary\.json|summary\.log)|launcher[0-9]+\.json|deepspeed_env\.node[0-9]+)$"
+)
+
+
+def is_own_trace(name: str) -> bool:
+    """Whether a file name in traces/ is one `overlapcheck run` writes: a rank's trace or its export in flight."""
+    return bool(_OWN_TRACE.match(name) or TRACE_TMP.match(name))
+
+
+def is_own_status(name: str) -> bool:
+    """Whether a file name in status/ is one `overlapcheck run` writes (a status record, a claim, a log, a
+    DeepSpeed env file, or the temp file of an interrupted write)."""
+    return bool(_OWN_STATUS.match(name) or (name.startswith(".") and ".tmp" in name))

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from overlapcheck.capture import launchers, layout, manifest, propagation, supervisor
@@ -41,13 +41,47 @@ def prepare_out(out: str, force: bool, join: bool) -> None:
                 path=out,
             )
         _only_an_earlier_run(out)
+        owned = [
+            *_own_files(os.path.join(out, layout.STATUS_DIR), layout.is_own_status),
+            *_own_files(layout.traces_dir(out), layout.is_own_trace),
+        ]  # checked before anything is deleted: a refusal leaves the folder as it was
         for name in os.listdir(out):
-            if layout.is_run_file(name):
+            if layout.is_run_file(name) and not os.path.isdir(os.path.join(out, name)):
                 os.unlink(os.path.join(out, name))
-        shutil.rmtree(os.path.join(out, layout.STATUS_DIR), ignore_errors=True)
-        shutil.rmtree(layout.traces_dir(out), ignore_errors=True)
+        for path in owned:
+            os.unlink(path)
     os.makedirs(os.path.join(out, layout.STATUS_DIR), exist_ok=True)
     os.makedirs(layout.traces_dir(out), exist_ok=True)
+
+
+def _own_files(folder: str, own: Callable[[str], bool]) -> list[str]:
+    """The files of `folder` (traces/ or status/ of an earlier run) that --force deletes: only those
+    `overlapcheck run` writes. A folder that is a symbolic link (the run would write through it into another
+    folder) or that holds anything else (notes, another job's traces, subfolders) is refused: never deleted,
+    even with --force, and never mixed with the new run's files."""
+    if not os.path.lexists(folder):
+        return []
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        kind = "a symbolic link" if os.path.islink(folder) else "not a folder"
+        raise UserError(
+            f"is {kind}; overlapcheck run writes only into folders of its own, never replaced, even with "
+            "--force: choose an empty or new --out",
+            path=folder,
+        )
+    names = sorted(os.listdir(folder))
+    foreign = [
+        n
+        for n in names
+        if not own(n) or not os.path.isfile(os.path.join(folder, n)) or os.path.islink(os.path.join(folder, n))
+    ]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(
+            f"holds files that no `overlapcheck run` wrote ({shown}), never deleted, even with --force: "
+            "move them or choose an empty or new --out",
+            path=folder,
+        )
+    return [os.path.join(folder, n) for n in names]
 
 
 def _only_an_earlier_run(out: str) -> None:
