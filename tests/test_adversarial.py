@@ -1667,6 +1667,20 @@ def test_simulate_into_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path, 
     assert code == 2 and str(out) in stderr and len(stderr.splitlines()) == 1, stderr  # was: FileExistsError
 
 
+def test_simulate_force_over_a_folder_named_like_a_trace_is_one_line(tmp_path: Path) -> None:
+    small = ["--steps", "1", "--nodes", "1", "--gpus-per-node", "2"]
+    sim = tmp_path / "sim"
+    assert cli("simulate", "--out", str(sim), *small)[0] == 0
+    (sim / "rank7.trace.json.gz").mkdir()
+    (sim / "rank7.trace.json.gz" / "kept.txt").write_text("the user's")
+    code, _, stderr = cli("simulate", "--out", str(sim), *small, "--force")
+    assert code == 2 and "rank7.trace.json.gz" in stderr and len(stderr.splitlines()) == 1, (
+        stderr
+    )  # was: IsADirectoryError
+    assert (sim / "rank7.trace.json.gz" / "kept.txt").read_text() == "the user's"
+    assert (sim / "rank0.trace.json.gz").exists()  # refused before anything was deleted
+
+
 @pytest.mark.parametrize("name", ["ds_config.json", "truth.json"])
 def test_simulate_force_never_writes_through_a_link_into_another_folder(tmp_path: Path, name: str) -> None:
     small = ["--steps", "1", "--nodes", "1", "--gpus-per-node", "1"]

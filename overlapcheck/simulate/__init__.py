@@ -177,7 +177,12 @@ def generate(
         _only_a_simulation(out)
     _make_folder(out)
     if force:
-        for old in out.glob("rank*.trace.json.gz"):
+        olds = list(out.glob("rank*.trace.json.gz"))
+        folders = [p.name for p in olds if p.is_dir() and not p.is_symlink()]
+        if folders:
+            raise UserError(f"{out / folders[0]} is a folder named like a trace, never deleted: move it or choose "
+                            "another --out")  # fmt: skip
+        for old in olds:
             old.unlink()
         for name in ("ds_config.json", "truth.json"):  # a link there is replaced, never the file it points to
             if (out / name).is_symlink():
