@@ -13,9 +13,11 @@ import errno
 import json
 import os
 import re
+import signal
 import stat
 import tempfile
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 from overlapcheck.errors import UserError
@@ -153,9 +155,42 @@ def _size_text(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
+_STREAM = re.compile(r"^/(?:dev/(?:stdin|stdout|stderr|fd/[0-9]+)|proc/(?:self|thread-self|[0-9]+)/fd/[0-9]+)$")
+
+
+def _is_stream(path: str) -> bool:
+    """Whether `path` names one of this process's open files (/dev/stdout, /dev/fd/N, /proc/self/fd/N), here or
+    along its symbolic links: replacing the file behind it (`-o /dev/stdout >> log`) would erase what it held."""
+    hop = os.path.abspath(path)
+    for _ in range(40):
+        if _STREAM.match(hop):
+            return True
+        if not os.path.islink(hop):
+            return False
+        try:
+            hop = os.path.normpath(os.path.join(os.path.dirname(hop), os.readlink(hop)))
+        except OSError:
+            return False
+    return False
+
+
+def is_nowhere(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is the null device: an output written there is discarded (nothing to replace)."""
+    try:
+        return os.path.realpath(path) == os.devnull and not os.path.isfile(path)
+    except (OSError, ValueError):
+        return False
+
+
 def _output_target(path: str, force: bool) -> str:
     """The file that writing `path` replaces or creates: `path` itself, or, for a symbolic link and `force`,
     the file it points to (the link is kept). UserError for anything that may not be written."""
+    if _is_stream(path):
+        raise UserError(
+            "is a stream of this process, not a file path; to write the standard output give `-o -` "
+            "(where the command has it), or a file path",
+            path,
+        )
     if os.path.islink(path):
         target = os.path.realpath(path)
         try:
@@ -230,9 +265,25 @@ def _never_replaced(target: str, path: str) -> None:
         return
     if is_own_json(head):
         return  # a report, comparison or Perfetto file of an earlier run: what --force is for
+    head = _utf8_head(head)
     json_like = head.lstrip()[:1] in (b"{", b"[")
-    if any(mark in head for mark in _KINETO_MARKS) or (json_like and any(m in head for m in _TRACE_MARKS)):
+    bare_events = re.match(rb"\s*\[\s*\{", head) is not None  # torch 1.8's event list: no report starts so
+    if (
+        any(mark in head for mark in _KINETO_MARKS)
+        or (json_like and any(m in head for m in _TRACE_MARKS))
+        or bare_events
+    ):
         raise UserError("is a profiler trace (an input of overlapcheck), never replaced, even with --force", path)
+
+
+def _utf8_head(head: bytes) -> bytes:
+    """The first bytes of a document as UTF-8 without a byte order mark (the trace reader accepts UTF-8 with a
+    BOM and UTF-16), so that a trace saved by an editor is recognized as one."""
+    if head.startswith(b"\xef\xbb\xbf"):
+        return head[3:]
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return head.decode("utf-16", "ignore").encode("utf-8", "ignore")
+    return head
 
 
 def _gunzip_head(data: bytes) -> bytes:
@@ -248,12 +299,53 @@ def check_target(path: str | os.PathLike[str], force: bool = False) -> None:
     it (or the file a symbolic link at it points to) is no job's input (`_never_replaced`). (Checked again,
     atomically, by `atomic_write`: this check only fails early, before a long analysis.)"""
     path = os.fspath(path)
+    if is_nowhere(path):
+        return
     target = _output_target(path, force)
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise UserError("its folder does not exist", path)
     if os.path.exists(target):
         _never_replaced(target, path)
+
+
+class _Signalled(BaseException):
+    """A terminating signal arrived while a temp file existed (see `_unwind_on_signals`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _unwind_on_signals() -> Iterator[None]:
+    """While a temp file exists, SIGTERM (what a CI timeout sends) and SIGHUP unwind the write, so that the temp
+    file is removed, and are then delivered again as they came: the process still dies of that signal, with the
+    status it would have had. Only a signal left at its default (kill) is taken, and only in the main thread
+    (the only one that may set a handler): a handler the program set is kept."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, frame: object) -> None:
+        raise _Signalled(signum)
+
+    taken = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+            taken[sig] = signal.signal(sig, unwind)
+    try:
+        yield
+    except _Signalled as exc:
+        for sig, old in taken.items():
+            signal.signal(sig, old)
+        taken = {}
+        os.kill(os.getpid(), exc.signum)
+        raise SystemExit(128 + exc.signum) from None  # where the signal does not end the process at once
+    finally:
+        for sig, old in taken.items():
+            signal.signal(sig, old)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -280,12 +372,21 @@ def atomic_write(
     be pieces of text (a streamed report), written as they come.
     """
     path = os.fspath(path)
+    if is_nowhere(path):
+        return  # discarded (a streamed report is not even rendered)
     target = _output_target(path, force)
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise UserError("its folder does not exist", path)
     raw = data.encode("utf-8") if isinstance(data, str) else data if isinstance(data, bytes) else None
     pieces: Iterable[str | bytes] = [raw] if raw is not None else data  # type: ignore[assignment]
+    with _unwind_on_signals():
+        _write_through_temp(path, target, folder, raw, pieces, force, durable)
+
+
+def _write_through_temp(
+    path: str, target: str, folder: str, raw: bytes | None, pieces: Iterable[str | bytes], force: bool, durable: bool
+) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{_short(os.path.basename(target))}.", suffix=".tmp", dir=folder)
     except OSError as exc:

@@ -14,6 +14,9 @@ import json
 import math
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -2008,7 +2011,21 @@ def _metadata_first_trace() -> bytes:  # a TraceLens-style export: other keys fi
     return json.dumps({"otherData": {"tool": "x"}, "traceEvents": good_events()}).encode()
 
 
-@pytest.mark.parametrize("make", [_bare_list_trace, _metadata_first_trace], ids=["bare-list", "metadata-first"])
+def _bom_bare_list_trace() -> bytes:  # torch 1.8's list, saved by an editor with a byte order mark
+    return b"\xef\xbb\xbf" + _bare_list_trace()
+
+
+def _long_first_event_trace() -> bytes:  # the first event's "ph" key is past the 64 KiB that are looked at
+    events = good_events()
+    events[0] = {"args": {"note": "x" * 70000}, **events[0]}
+    return json.dumps(events).encode()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_bare_list_trace, _metadata_first_trace, _bom_bare_list_trace, _long_first_event_trace],
+    ids=["bare-list", "metadata-first", "bom-bare-list", "long-first-event"],
+)
 @pytest.mark.parametrize("gz", [False, True], ids=["json", "gz"])
 @pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
 def test_force_never_replaces_a_trace_without_kinetos_keys(
@@ -2665,3 +2682,46 @@ def test_copies_with_other_ids_are_said(tmp_path: Path) -> None:
 
     near = _report(_sample_copy(tmp_path / "near", touching))
     assert not any("on their stream ended" in n for rank in near["ranks"] for n in rank["notes"])
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name != "posix", reason="needs POSIX signals")
+def test_sigterm_during_a_write_leaves_no_temp_file_and_still_kills(tmp_path: Path) -> None:
+    # was: SIGTERM (a CI timeout) killed the process before `finally`, leaving .NAME.xxxx.tmp beside the output
+    script = (
+        "import os, signal\n"
+        "from overlapcheck.fsutil import atomic_write\n"
+        "def pieces():\n"
+        "    yield 'x' * 100000\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    yield 'never written'\n"
+        f"atomic_write({str(tmp_path / 'out.json')!r}, pieces())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr  # died of the signal, as it would have
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], proc.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/stdout"), reason="needs /dev/stdout")
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+def test_an_output_to_this_process_stream_never_replaces_the_file_behind_it(tmp_path: Path, name: str) -> None:
+    # was: `-o /dev/stdout --force >> log.txt` replaced log.txt (the link chain led to it) and the log was lost
+    if not os.path.exists(name):
+        pytest.skip(f"no {name} here")
+    folder = job_folder(tmp_path / "job")
+    log = tmp_path / "log.txt"
+    log.write_text("line 1 of my CI log\n")
+    with open(log, "a") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "overlapcheck", "analyze", str(folder), "-j", "1", "-o", name, "--force"],
+            stdout=out, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 2 and "is a stream of this process" in proc.stderr, proc.stderr
+    assert log.read_text().startswith("line 1 of my CI log\n")
+
+
+@pytest.mark.skipif(not os.path.exists(os.devnull) or os.name != "posix", reason="needs /dev/null")
+@pytest.mark.parametrize("option", ["-o", "--html", "--perfetto"])
+def test_an_output_to_the_null_device_is_discarded(tmp_path: Path, option: str) -> None:
+    # was: "is a character device; choose a file path" (while $GITHUB_STEP_SUMMARY=/dev/null was "nowhere")
+    code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", option, os.devnull)
+    assert code == 0, stderr
