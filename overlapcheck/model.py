@@ -472,6 +472,8 @@ class RankResult:
     trace_steps: tuple[int, ...] = ()  # the ProfilerSteps its trace holds, selected or not (in memory only)
     # the rank's per-module communication (None: it has no communication); packed once it reaches the main process
     modules: Modules | PackedModules | None = None
+    # the trace's baseTimeNanoseconds in µs (0 without one): base + ts is the time since the epoch (in memory only)
+    clock_base_us: float = 0.0
 
 
 @dataclass(frozen=True)

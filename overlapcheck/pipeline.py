@@ -421,7 +421,20 @@ def analyze_trace(
     else:
         findings, signature = diagnose_rank(model, metrics, job or JobContext(), index)
     timeline = timeline_of(model, metrics, blames) if options.timelines else None
-    return RankResult(metrics, findings, signature, timeline, blames, trace_steps=in_trace, modules=modules)
+    return RankResult(
+        metrics, findings, signature, timeline, blames, trace_steps=in_trace, modules=modules,
+        clock_base_us=_clock_base_us(model.metadata),
+    )  # fmt: skip
+
+
+def _clock_base_us(metadata: dict[str, Any]) -> float:
+    """Kineto's `baseTimeNanoseconds` in µs: torch 2's traces count `ts` from it (one per process, so ranks on
+    two hosts, or two runs, can share `ts` yet be hours apart); 0 where there is none (torch 1.x writes `ts` since
+    the epoch) or it is not a time."""
+    base = metadata.get("baseTimeNanoseconds")
+    if isinstance(base, bool) or not isinstance(base, int | float) or not math.isfinite(base) or base < 0:
+        return 0.0
+    return float(base) / 1000.0
 
 
 MAX_NAME = 8192  # characters of a name in the outputs (a 1 MB name made a 200 MB page; C++ templates reach 5,000)
@@ -881,13 +894,14 @@ APART_US = 300e6  # ranks of one job profile the same steps together; hosts' clo
 def _check_one_time(results: list[RankResult]) -> None:
     """UserError when the ranks' profiled steps fall into stretches of time more than APART_US apart: the
     traces of two runs (of the same world size) put together, whose cross-rank findings (a straggler) would be
-    made of nothing but the time between the runs."""
+    made of nothing but the time between the runs. Times are since the epoch: `ts` plus the trace's base time."""
     windows = []
     for r in results:
         steps = r.metrics.steps
         if len(steps) and r.metrics.rank is not None:
             first, last = steps[0], steps[-1]
-            windows.append((first.start_us, last.start_us + last.duration_us, r.metrics.rank))
+            base = r.clock_base_us
+            windows.append((base + first.start_us, base + last.start_us + last.duration_us, r.metrics.rank))
     windows.sort()
     end, before = -math.inf, None
     for start, stop, rank in windows:

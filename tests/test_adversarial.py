@@ -2156,6 +2156,29 @@ def test_traces_of_two_runs_of_one_world_size_are_not_taken_for_one_job(
         assert code == 0, stderr
 
 
+@pytest.mark.parametrize(("base_apart_s", "ts_apart_s", "refused"), [
+    (86400, 0, True),  # torch 2: ts count from each process's base time; two runs a day apart share their ts
+    (0, 0, False),
+    (3600, -3600, False),  # two hosts whose base times differ, ts make up for it: the same moments
+])  # fmt: skip
+def test_traces_of_two_runs_apart_only_in_their_base_time_are_not_taken_for_one_job(
+    tmp_path: Path, base_apart_s: float, ts_apart_s: float, refused: bool
+) -> None:
+    # was: only ts compared, so a run a day later (its baseTimeNanoseconds a day on) was read as the same job
+    base = 1_790_000_000_000_000_000
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "rank0.json").write_bytes(doc_bytes(rank=0, world=2, baseTimeNanoseconds=base))
+    later = base + int(base_apart_s * 1e9)
+    events = _shifted(good_events(), ts_apart_s * 1e6)
+    (folder / "rank1.json").write_bytes(doc_bytes(events, rank=1, world=2, baseTimeNanoseconds=later))
+    code, _, stderr = cli("analyze", str(folder), "-j", "1")
+    if refused:
+        assert code == 2 and "more than one run: rank 1's steps start 86,400 s" in stderr, stderr
+    else:
+        assert code == 0, stderr
+
+
 def test_a_rank_selection_that_matches_only_some_says_which_are_absent(tmp_path: Path) -> None:
     # was: `--ranks 1-5` of a 2-rank job reported rank 1 and said nothing of ranks 2-5
     folder = job_folder(tmp_path / "job")
