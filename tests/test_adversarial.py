@@ -2748,3 +2748,48 @@ def test_an_output_to_the_null_device_is_discarded(tmp_path: Path, option: str) 
     # was: "is a character device; choose a file path" (while $GITHUB_STEP_SUMMARY=/dev/null was "nowhere")
     code, _, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", option, os.devnull)
     assert code == 0, stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "twice"),
+    [
+        ("gate", ["--max-exposed-share", "0.1", "--max-exposed-share", "0.9"]),
+        ("gate", ["--ignore-below-us", "5", "--ignore-below-us", "100000"]),
+        ("analyze", ["--ranks", "0", "--ranks", "1"]),
+        ("analyze", ["--steps", "1", "--steps", "2"]),
+        ("analyze", ["-o", "x1.txt", "--output", "x2.txt"]),
+        ("analyze", ["--format", "json", "--format", "text"]),
+        ("compare", ["--format", "json", "--format", "text"]),
+        ("run", ["--active", "2", "--active", "3"]),
+        ("simulate", ["--steps", "1", "--steps", "2"]),
+    ],
+)
+def test_an_option_of_one_value_given_twice_is_refused_never_last_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, twice: list[str]
+) -> None:
+    # was: the last value won without a word: a strict gate followed by a looser default passed
+    monkeypatch.chdir(tmp_path)
+    folder = job_folder(tmp_path / "job")
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    args = {
+        "gate": ["gate", str(report)],
+        "analyze": ["analyze", str(folder), "-j", "1"],
+        "compare": ["compare", str(report), str(report)],
+        "run": ["run", "--out", str(tmp_path / "run")],
+        "simulate": ["simulate", "--out", str(tmp_path / "sim")],
+    }[command]
+    tail = ["--", "true"] if command == "run" else []
+    code, stdout, stderr = cli(*args, *twice, *tail)
+    assert code == 2 and "is given more than once" in stderr and twice[0].lstrip("-") in stderr, stderr
+    assert stdout == "" and not (tmp_path / "x1.txt").exists() and not (tmp_path / "x2.txt").exists()
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sim").exists()
+
+
+def test_a_repeated_option_in_the_jobs_own_arguments_is_the_jobs(tmp_path: Path) -> None:
+    marker = tmp_path / "args.txt"
+    script = f"import sys; open({str(marker)!r}, 'w').write(' '.join(sys.argv[1:]))"
+    code, _, stderr = cli("run", "--out", str(tmp_path / "run"), "--summary-timeout", "1", "--", sys.executable,
+                          "-c", script, "--steps", "1", "--steps", "2")  # fmt: skip
+    assert "given more than once" not in stderr, stderr
+    assert marker.read_text() == "--steps 1 --steps 2"

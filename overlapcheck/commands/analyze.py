@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path, a_path
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-@click.command("analyze")
+@click.command("analyze", cls=OnceCommand)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(), callback=a_path)
 @report_options
 def command(paths: tuple[str, ...], **options: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path
 
 
@@ -12,7 +13,7 @@ def command() -> None:
     """Manage gate baselines."""
 
 
-@command.command("save")
+@command.command("save", cls=OnceCommand)
 @click.argument("report_path", metavar="REPORT.json", callback=a_file_path)
 @click.argument("baseline_path", metavar="BASE.json", callback=a_file_path)
 @click.option("--force", is_flag=True, help="Overwrite BASE.json if it exists.")

@@ -8,6 +8,7 @@ import sys
 import click
 
 from overlapcheck.commands.analyze import SCHEDULER
+from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path, a_path
 from overlapcheck.errors import UserError
 from overlapcheck.model import Report
@@ -50,7 +51,7 @@ def _same(before: str, after: str) -> bool:
         return False
 
 
-@click.command("compare")
+@click.command("compare", cls=OnceCommand)
 @click.argument("before", metavar="BEFORE", callback=a_file_path)
 @click.argument("after", metavar="AFTER", callback=a_file_path)
 @click.option(

@@ -6,6 +6,7 @@ import os
 
 import click
 
+from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path
 from overlapcheck.errors import UserError
 from overlapcheck.gate import (
@@ -24,7 +25,7 @@ from overlapcheck.gate import (
 )
 
 
-@click.command("gate")
+@click.command("gate", cls=OnceCommand)
 @click.argument("report_path", metavar="REPORT.json", callback=a_file_path)
 @click.option(
     "--baseline",

@@ -7,10 +7,11 @@ from typing import Any
 import click
 
 from overlapcheck.commands.analyze import report_options, run_report
+from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path
 
 
-@click.command("report")
+@click.command("report", cls=OnceCommand)
 @click.argument("run_dir", type=click.Path(file_okay=False), callback=a_file_path)
 @report_options
 def command(run_dir: str, **options: Any) -> None:

@@ -8,13 +8,14 @@ from typing import Any
 import click
 
 from overlapcheck.capture.settings import CaptureSettings, Schedule, parse_ranks
+from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path
 from overlapcheck.errors import UserError
 
 _COMMAND = "overlapcheck.run.command"  # ctx.meta key: the words after `--`
 
 
-class _RunCommand(click.Command):
+class _RunCommand(OnceCommand):
     """`overlapcheck run [OPTIONS] -- COMMAND...`: everything before `--` is parsed strictly as our options (a
     mistyped one is an error, with click's suggestion), and the job's command starts only after `--`."""
 

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
+from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path
 from overlapcheck.errors import UserError
 
 
-@click.command("simulate")
+@click.command("simulate", cls=OnceCommand)
 @click.option(
     "--scenario", default="healthy", show_default=True, help="Preset name; 'a+b' applies a then b. See --list."
 )
