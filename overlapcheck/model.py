@@ -633,6 +633,9 @@ def _from_plain(tp: Any, value: Any, path: str) -> Any:
             kwargs[f.name] = _from_plain(_hints(tp)[f.name], value[f.name], where)
         if tp is Split:
             _check_split(kwargs, path)
+        share = kwargs.get("exposed_share") if tp in (RankMetrics, StepMetrics) else None
+        if share is not None and share < -1e-6:  # a share of step time: a hand-edited -0.5 passed a gate at -50%
+            raise _Shape(f"{path}.exposed_share is {_number(share)}, a negative share of step time")
         return tp(**kwargs)
     if origin in (list, tuple, Sequence):
         if not isinstance(value, list):

@@ -1389,6 +1389,20 @@ def test_gate_refuses_a_report_whose_overlap_is_no_fraction(tmp_path: Path) -> N
     assert code == 2 and "ranks[0].collectives.all.overlap is 7.5" in stderr, stderr
 
 
+@pytest.mark.parametrize("where", ["rank", "step"])
+def test_gate_refuses_a_report_whose_exposed_share_is_negative(tmp_path: Path, where: str) -> None:
+    # was: ranks[*].exposed_share = -0.5 read as it was: "exposed share of step time (worst) -50.0% <= 10.0% PASS"
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    doc = json.loads((tmp_path / "r.json").read_text())
+    for rank in doc["ranks"]:
+        target = rank if where == "rank" else rank["steps"][0]
+        target["exposed_share"] = -0.5
+    (tmp_path / "lie.json").write_text(json.dumps(doc))
+    code, stdout, stderr = cli("gate", str(tmp_path / "lie.json"), "--max-exposed-share", "0.1")
+    assert code == 2 and "exposed_share is -0.5, a negative share" in stderr and "PASS" not in stdout, stderr
+
+
 def test_outputs_written_beside_the_traces_are_not_read_as_traces_next_time(tmp_path: Path) -> None:
     # was: `analyze job --perfetto job/timeline.json.gz` (or -o job/out.json, compare --json job/c.json), then every
     # later `analyze job` exited 2: "cannot tell the rank" / "not a trace" for overlapcheck's own files
