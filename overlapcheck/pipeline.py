@@ -204,7 +204,7 @@ def _scan_folder(folder: str, found: Inputs) -> None:
     if os.path.lexists(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
         paths += [os.path.join(folder, TRACES_DIR, n) for n in _visible(os.path.join(folder, TRACES_DIR))]
     traces = [p for p in paths if _trace_name(os.path.basename(p))]
-    found.notes.extend(_skipped_by_name(paths))
+    found.notes.extend(_skipped_by_name(paths) + _skipped_by_suffix(paths))
     own = [p for p in traces if _own_output(p)]
     traces = [p for p in traces if p not in own]
     trace_of_rank: dict[int, str] = {}
@@ -275,6 +275,19 @@ def _skipped_by_name(paths: list[str]) -> list[str]:
         return []
     shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
     return [f"not read as traces: {shown} (named as a report or baseline; give a file by name to read it)"]
+
+
+_OTHER_SUFFIX = re.compile(r"\.json\.(gzip|bz2|xz|zst|zstd|lz4|zip|tgz|7z)$", re.IGNORECASE)
+
+
+def _skipped_by_suffix(paths: list[str]) -> list[str]:
+    """A note naming the files of a folder that look like traces kept under another suffix (`rank3.json.gzip`,
+    `rank3.json.zst`), which a folder's scan does not read: the ranks they hold would be missing unsaid."""
+    skipped = [os.path.basename(p) for p in paths if _OTHER_SUFFIX.search(os.path.basename(p))]
+    if not skipped:
+        return []
+    shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return [f"not read as traces: {shown} (a folder's traces are *.json or *.json.gz: rename or decompress them)"]
 
 
 def _report_named(name: str) -> bool:
@@ -728,6 +741,8 @@ def analyze_inputs(
         )
     if options.ranks is not None and report.ranks and (absent := _absent_ranks(report, options)):
         report = dataclasses.replace(report, notes=[*(report.notes or []), *absent])
+    if options.ranks is None and (missing := _missing_ranks(report)):
+        report = dataclasses.replace(report, notes=[*(report.notes or []), *missing])
     if options.steps is not None and report.ranks and not any(r.steps for r in report.ranks):
         held = sorted({n for _, results, _ in outcomes for r in results for n in r.trace_steps})
         there = f"the traces hold steps {format_numbers(set(held))}" if held else "the traces have no ProfilerStep"
@@ -748,6 +763,29 @@ def _absent_ranks(report: Report, options: Options) -> list[str]:
     beyond = f" (the job's world size is {world})" if world is not None and max(absent) >= world else ""
     return [
         f"{options.caller.numbers('ranks', selected)}: rank(s) {format_numbers(absent)} not in these inputs{beyond}"
+    ]
+
+
+def _missing_ranks(report: Report) -> list[str]:
+    """A note naming the ranks of the job's world size that the report lacks (4 traces of a 16-rank job): its
+    cross-rank figures are then of the ranks read. Not an error: one rank's trace is often analyzed on purpose."""
+    worlds = {w for r in report.ranks if (w := valid_world(r.world_size)) is not None}
+    if len(worlds) != 1:
+        return []
+    (world,) = worlds
+    gaps, start = [], 0
+    for rank in sorted({r.rank for r in report.ranks if r.rank is not None and 0 <= r.rank < world}):
+        if rank > start:
+            gaps.append((start, rank - 1))
+        start = rank + 1
+    if start < world:
+        gaps.append((start, world - 1))
+    if not gaps:
+        return []
+    read = len(report.ranks)
+    return [
+        f"rank(s) {Numbers(tuple(gaps)).text()} of the job's world size {world} are not in this report (not given, "
+        f"or unreadable): the worst rank, stragglers and slow nodes are of the {read} rank(s) read"
     ]
 
 
@@ -894,13 +932,15 @@ APART_US = 300e6  # ranks of one job profile the same steps together; hosts' clo
 def _check_one_time(results: list[RankResult]) -> None:
     """UserError when the ranks' profiled steps fall into stretches of time more than APART_US apart: the
     traces of two runs (of the same world size) put together, whose cross-rank findings (a straggler) would be
-    made of nothing but the time between the runs. Times are since the epoch: `ts` plus the trace's base time."""
+    made of nothing but the time between the runs. Times are since the epoch, `ts` plus the trace's base time, when
+    every rank has one (a summary has none: then `ts` alone)."""
     windows = []
+    known = all(r.clock_base_us for r in results if len(r.metrics.steps))  # a summary holds no base time
     for r in results:
         steps = r.metrics.steps
         if len(steps) and r.metrics.rank is not None:
             first, last = steps[0], steps[-1]
-            base = r.clock_base_us
+            base = r.clock_base_us if known else 0.0
             windows.append((base + first.start_us, base + last.start_us + last.duration_us, r.metrics.rank))
     windows.sort()
     end, before = -math.inf, None

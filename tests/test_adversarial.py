@@ -2807,3 +2807,19 @@ def test_a_repeated_option_in_the_jobs_own_arguments_is_the_jobs(tmp_path: Path)
                           "-c", script, "--steps", "1", "--steps", "2")  # fmt: skip
     assert "given more than once" not in stderr, stderr
     assert marker.read_text() == "--steps 1 --steps 2"
+
+
+def test_a_partial_job_says_which_ranks_it_lacks_and_which_files_it_skipped(tmp_path: Path) -> None:
+    # was: 4 traces of a 16-rank job (and a rank4.json.gzip skipped unsaid): "worst rank 3" of 4, no word
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in range(4):
+        (folder / f"rank{r}.json").write_bytes(doc_bytes(rank=r, world=16))
+    (folder / "rank4.json.gzip").write_bytes(gzip.compress(doc_bytes(rank=4, world=16)))
+    report = overlapcheck.analyze(folder, jobs=1)
+    assert [r.rank for r in report.ranks] == [0, 1, 2, 3]
+    notes = report.notes or []
+    assert any("rank(s) 4-15 of the job's world size 16 are not in this report" in n for n in notes), notes
+    assert any("not read as traces: rank4.json.gzip" in n for n in notes), notes
+    whole = job_folder(tmp_path / "whole")
+    assert not any("not in this report" in n for n in overlapcheck.analyze(whole, jobs=1).notes or [])
