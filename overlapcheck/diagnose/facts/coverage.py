@@ -154,15 +154,14 @@ def inherent_windows(view: RankFacts, transfer: np.ndarray | None = None) -> iv.
         # cannot tell (as for the syncs at its boundary, hostsyncs.per_step_cost): its wait is taken as inherent
         opening = view.gpu_step[first] == int(view.model.steps.number.min())
         waits_from[opening] = g.start[first][opening]
-    inherent = iv.union(np.maximum(waits_from, g.end[first] - transfer[first]), g.end[first])
+    starts, ends = [np.maximum(waits_from, g.end[first] - transfer[first])], [g.end[first]]
     for tail in gradient_tails(view):
         last = tail.last
         share = whole_model_share(view, tail)
         lo = max(tail.after, float(g.end[last] - share * transfer[last]))
-        inherent = iv.combine(
-            inherent, iv.clip(iv.union(g.start[last : last + 1], g.end[last : last + 1]), lo, g.end[last])
-        )
-    return iv.subtract(inherent, view.compute)
+        starts.append(np.array([max(float(g.start[last]), lo)]))
+        ends.append(g.end[last : last + 1])
+    return iv.subtract(iv.union(np.concatenate(starts), np.concatenate(ends)), view.compute)
 
 
 def whole_model_share(view: RankFacts, tail: GradientTail) -> float:

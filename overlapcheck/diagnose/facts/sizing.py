@@ -22,7 +22,12 @@ RECOMMENDED_BUCKET = 50_000_000  # the size DeepSpeed's ZeRO-3 examples and HF `
 
 def parameter_count(view: RankFacts) -> tuple[int | None, str]:
     """Trainable parameters, and where the number came from: the job context (the simulator's job description
-    or a `model.json` beside the traces), else the reduce-scatter input elements of one step (In msg nelems)."""
+    or a `model.json` beside the traces), else the reduce-scatter input elements of one step (In msg nelems);
+    computed once per rank."""
+    return view.memo("parameter_count", _parameter_count)
+
+
+def _parameter_count(view: RankFacts) -> tuple[int | None, str]:
     if view.job.parameters is not None:
         return view.job.parameters, view.job.parameters_source or "job"
     per_step = reduce_scatter_elements_per_step(view)
@@ -41,7 +46,12 @@ def reduce_scatter_elements_per_step(view: RankFacts) -> int | None:
 
 
 def reduce_bucket_size(view: RankFacts) -> tuple[int, str]:
-    """The configured reduce_bucket_size, else the largest reduce-scatter seen, else DeepSpeed's default."""
+    """The configured reduce_bucket_size, else the largest reduce-scatter seen, else DeepSpeed's default
+    (computed once per rank)."""
+    return view.memo("reduce_bucket_size", _reduce_bucket_size)
+
+
+def _reduce_bucket_size(view: RankFacts) -> tuple[int, str]:
     value = config_value(view.config, "zero_optimization.reduce_bucket_size")
     if isinstance(value, int | float) and value > 0:
         return int(value), "config"
@@ -53,7 +63,11 @@ def reduce_bucket_size(view: RankFacts) -> tuple[int, str]:
 
 
 def gradient_copies(view: RankFacts) -> np.ndarray:
-    """Mask of the device-to-device copies with a size: gradients copied into a bucket."""
+    """Mask of the device-to-device copies with a size: gradients copied into a bucket (computed once per rank)."""
+    return view.memo("gradient_copies", _gradient_copies)
+
+
+def _gradient_copies(view: RankFacts) -> np.ndarray:
     g = view.gpu
     dtod = view.name_mask(g.name, lambda n: "DtoD" in n or "Device -> Device" in n)
     return (g.cls == C.MEMCPY) & (g.nbytes > 0) & dtod
