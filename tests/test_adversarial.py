@@ -2853,3 +2853,20 @@ def test_diagnosis_reads_the_gradient_copies_once_per_rank_not_once_per_step(
     report = overlapcheck.analyze(path, jobs=1)
     assert len(report.ranks[0].steps) == 60 and report.ranks[0].exposed_share > 0
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "head"), [("r.html", "<!DOCTYPE html>"), ("r.JSON", "{"), ("r.md", "### "), ("r.txt", "")]
+)
+def test_an_output_without_format_is_written_as_its_extension_names(tmp_path: Path, name: str, head: str) -> None:
+    # was: `-o report.html` wrote the terminal's boxes into report.html (and `compare ... -o c.json` too)
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "straggler"
+    for cmd in (["analyze", str(sample)], ["compare", str(sample), str(sample)]):
+        out = tmp_path / f"{cmd[0]}-{name}"
+        proc = builders.run_cli(*cmd, "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        text = out.read_text()
+        assert text.startswith(head) and (head or not text.lstrip().startswith(("{", "<", "#"))), text[:80]
+    explicit = tmp_path / "explicit.json"
+    assert builders.run_cli("analyze", str(sample), "--format", "markdown", "-o", str(explicit)).returncode == 0
+    assert explicit.read_text().startswith("### ")  # --format, when given, decides

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from overlapcheck.commands.once import OnceCommand
-from overlapcheck.commands.paths import a_file_path, a_path
+from overlapcheck.commands.paths import a_file_path, a_path, format_for
 
 if TYPE_CHECKING:
     from overlapcheck.selection import Numbers
@@ -32,10 +32,8 @@ def report_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 "--format",
                 "fmt",
                 type=FORMATS,
-                default="text",
-                show_default=True,
                 help="Terminal text, the JSON report document (docs/report-schema.md), Markdown, or the HTML page "
-                "(as --html writes it).",
+                "(as --html writes it). Default: what -o's extension names (.json, .html, .md), else text.",
             ),
             click.option(
                 "-o", "--output", metavar="FILE", callback=a_path, help="Write the report to FILE (`-` for stdout)."
@@ -115,7 +113,7 @@ def command(paths: tuple[str, ...], **options: Any) -> None:
 
 def run_report(
     paths: list[str],
-    fmt: str,
+    fmt: str | None,
     output: str | None,
     html_path: str | None,
     ds_config: str | None,
@@ -134,6 +132,7 @@ def run_report(
     from overlapcheck.job import parse_network
     from overlapcheck.report import renderer
 
+    fmt = format_for(fmt, output)
     output = None if output == "-" else output
     targets = [t for t in (output, html_path, perfetto_path) if t]
     inputs = pipeline.find_inputs(paths)

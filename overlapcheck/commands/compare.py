@@ -9,7 +9,7 @@ import click
 
 from overlapcheck.commands.analyze import SCHEDULER
 from overlapcheck.commands.once import OnceCommand
-from overlapcheck.commands.paths import a_file_path, a_path
+from overlapcheck.commands.paths import a_file_path, a_path, format_for
 from overlapcheck.errors import UserError
 from overlapcheck.model import Report
 
@@ -58,9 +58,8 @@ def _same(before: str, after: str) -> bool:
     "--format",
     "fmt",
     type=FORMATS,
-    default="text",
-    show_default=True,
-    help="Terminal text, the JSON comparison (docs/compare-schema.md), Markdown (a PR comment) or HTML.",
+    help="Terminal text, the JSON comparison (docs/compare-schema.md), Markdown (a PR comment) or HTML. Default: "
+    "what -o's extension names (.json, .html, .md), else text.",
 )
 @click.option(
     "-o",
@@ -92,7 +91,7 @@ def _same(before: str, after: str) -> bool:
 def command(
     before: str,
     after: str,
-    fmt: str,
+    fmt: str | None,
     output: str | None,
     html_path: str | None,
     json_path: str | None,
@@ -117,6 +116,7 @@ def command(
     from overlapcheck.fsutil import atomic_write
     from overlapcheck.report.compare_render import compare_renderer
 
+    fmt = format_for(fmt, output)
     output = None if output == "-" else output
     extra = [(p, name) for p, name in ((html_path, "html"), (json_path, "json"), (markdown_path, "markdown")) if p]
     outputs = [(output, fmt)] if output else []

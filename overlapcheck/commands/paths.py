@@ -33,3 +33,15 @@ def a_file_path(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """A path that must not be empty, nor `-`: a file the command writes or reads by name."""
     _check(value, stdout_ok=False)
     return value
+
+
+_FORMAT_OF_SUFFIX = {".json": "json", ".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
+
+
+def format_for(fmt: str | None, output: str | None) -> str:
+    """The output format: `--format` when given, else what -o's extension names (`-o report.html` wrote terminal
+    text into a .html file), else terminal text."""
+    if fmt is not None:
+        return fmt
+    suffix = output.lower().rsplit(".", 1)[-1] if output and "." in output.rsplit("/", 1)[-1] else ""
+    return _FORMAT_OF_SUFFIX.get(f".{suffix}", "text")
