@@ -2870,3 +2870,25 @@ def test_an_output_without_format_is_written_as_its_extension_names(tmp_path: Pa
     explicit = tmp_path / "explicit.json"
     assert builders.run_cli("analyze", str(sample), "--format", "markdown", "-o", str(explicit)).returncode == 0
     assert explicit.read_text().startswith("### ")  # --format, when given, decides
+
+
+def test_infinite_times_are_left_out_before_any_arithmetic_without_a_warning_or_a_made_up_note(tmp_path: Path) -> None:
+    # was: numpy's "RuntimeWarning: invalid value encountered in subtract" on stderr, and an infinite end on
+    # stream 7 made "1 GPU activities start before the one before them on their stream ended"
+    import warnings
+
+    events = [
+        builders.step(0, 0, 100),
+        builders.launch(1, 1),
+        builders.kernel("ncclDevKernel_AllGather_RING_LL", 2, 10, stream=20, corr=1),
+        builders.kernel("sgemm", 3, "inf", corr=2),
+        builders.kernel("sgemm", "Infinity", 5, corr=3),
+        builders.kernel("sgemm", 1e308, 1e308, corr=4),
+        builders.kernel("sgemm", 40, 5, corr=5),
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 1}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = overlapcheck.analyze(path, jobs=1)
+    assert report.ranks[0].notes == ["3 events with an infinite or NaN time or end were left out"]

@@ -717,6 +717,9 @@ def _same_stream_overlaps(gpu: Table) -> list[str]:
     one CUDA stream runs one at a time, so these are copies with other ids (not `_drop_copies`' exact ones) or
     traces merged with clocks apart, and their time is counted as many times as they repeat. None of the real
     traces in ../shared/traces has one."""
+    sensible = (np.abs(gpu.start) < MAX_TIME_US) & (np.abs(gpu.end) < MAX_TIME_US)  # as _sensible_times keeps
+    if not sensible.all():
+        gpu = gpu.take(sensible)
     if len(gpu) < 2:
         return []
     order = np.lexsort((gpu.start, gpu.stream))
