@@ -225,6 +225,9 @@ def _scan_folder(folder: str, found: Inputs) -> None:
         skipped = (
             f" (only overlapcheck's own outputs: {', '.join(os.path.basename(p) for p in own[:3])})" if own else ""
         )
+        if os.path.lexists(os.path.join(folder, "run.json")) and os.path.isdir(os.path.join(folder, TRACES_DIR)):
+            # a run folder: its status/ holds run's own JSON files, no traces to point at
+            raise UserError(f"no trace files (*.json, *.json.gz) in this run folder's {TRACES_DIR}/{skipped}", folder)
         raise UserError(f"no trace files (*.json, *.json.gz) in this folder{skipped}{_below(folder, names)}", folder)
 
 

@@ -2892,3 +2892,17 @@ def test_infinite_times_are_left_out_before_any_arithmetic_without_a_warning_or_
         warnings.simplefilter("error")
         report = overlapcheck.analyze(path, jobs=1)
     assert report.ranks[0].notes == ["3 events with an infinite or NaN time or end were left out"]
+
+
+def test_a_run_folder_without_traces_does_not_point_at_its_status_folder(tmp_path: Path) -> None:
+    # was: "no trace files ... in this folder; status/ holds 1 trace file(s): give that folder" (run's own JSON)
+    run = tmp_path / "run"
+    (run / "traces").mkdir(parents=True)
+    (run / "status").mkdir()
+    (run / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "world_size": 1}))
+    (run / "status" / "launcher0.json").write_text(json.dumps({"node_rank": 0, "exit_code": 0}))
+    for cmd in ("report", "analyze"):
+        proc = builders.run_cli(cmd, str(run))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "no trace files (*.json, *.json.gz) in this run folder's traces/" in proc.stderr
+        assert "status/" not in proc.stderr, proc.stderr
