@@ -2906,3 +2906,18 @@ def test_a_run_folder_without_traces_does_not_point_at_its_status_folder(tmp_pat
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert "no trace files (*.json, *.json.gz) in this run folder's traces/" in proc.stderr
         assert "status/" not in proc.stderr, proc.stderr
+
+
+def test_an_error_that_names_all_its_files_is_said_once_and_alike_errors_of_other_files_each(tmp_path: Path) -> None:
+    # was: "rank 0 is claimed by several files (a/x/..., a/y/...)" printed once per file, the same words twice
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "straggler" / "rank0.trace.json.gz"
+    for sub in ("x", "y"):
+        (tmp_path / sub).mkdir()
+        shutil.copy(sample, tmp_path / sub / "rank0.trace.json.gz")
+    proc = builders.run_cli("analyze", str(tmp_path / "x"), str(tmp_path / "y"))
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "rank 0 is claimed by several files" in lines[0], lines
+    for name in ("rank0.json", "rank1.json"):
+        (tmp_path / name).write_text("not json")
+    proc = builders.run_cli("analyze", str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json"))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 2, proc.stderr  # one per file

@@ -187,8 +187,13 @@ def run_report(
     if report.errors:
         from overlapcheck.report.present import safe_line
 
+        said: set[str] = set()
         for err in report.errors:
-            click.echo(f"overlapcheck: error: {safe_line(err.error)}", err=True)
+            # one error that names every file it is of ("rank 0 is claimed by several files (a, b)") is said once
+            reason = err.error.removeprefix(f"{err.source}: ")
+            if reason not in said or err.source not in reason:
+                said.add(reason)
+                click.echo(f"overlapcheck: error: {safe_line(err.error)}", err=True)
         sys.exit(2)
 
 
