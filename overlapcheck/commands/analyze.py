@@ -159,7 +159,8 @@ def run_report(
         from overlapcheck.report.terminal import TerminalRenderer, stdout_console
 
         shown = TerminalRenderer(errors=False).renderables(report)  # each error goes to stderr, once (below)
-        stdout_console(shown).print(*shown)
+        if shown:  # nothing read: the errors alone, no empty line on stdout
+            stdout_console(shown).print(*shown)
     else:
         sys.stdout.writelines(_text(renderer(fmt), report))
     if perfetto_path and timeline is not None:
