@@ -2921,3 +2921,14 @@ def test_an_error_that_names_all_its_files_is_said_once_and_alike_errors_of_othe
         (tmp_path / name).write_text("not json")
     proc = builders.run_cli("analyze", str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json"))
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 2, proc.stderr  # one per file
+
+
+def test_perfetto_of_traces_without_activity_does_not_blame_summaries(tmp_path: Path) -> None:
+    # was: "--perfetto: no rank has events to export: each was read from a summary without its trace" of a trace
+    path = tmp_path / "rank0.json"
+    events = [builders.step(0, 0, 100), builders.cpu_op("aten::mm", 5, 10)]
+    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 1}}))
+    proc = builders.run_cli("analyze", str(path), "--perfetto", str(tmp_path / "p.json"))
+    assert proc.returncode == 2 and "summary" not in proc.stderr, proc.stderr
+    assert "no GPU kernel or memcpy, and no CPU-side collective" in proc.stderr
+    assert not (tmp_path / "p.json").exists()

@@ -152,7 +152,9 @@ def run_report(
     if perfetto_path and any(s.trace is not None for s in inputs.summaries):
         click.echo("--perfetto: reading the ranks' traces (summaries carry no events)", err=True)
     report = _with_progress(inputs, job, options, jobs, scheduler)
-    timeline = _perfetto(report, perfetto_path) if perfetto_path else None  # before any output is written
+    timeline = (
+        _perfetto(report, perfetto_path, bool(inputs.summaries)) if perfetto_path else None
+    )  # before any output is written
     if output:
         atomic_write(output, _text(renderer(fmt), report), force)
     elif fmt == "text":
@@ -198,16 +200,21 @@ def run_report(
         sys.exit(2)
 
 
-def _perfetto(report: Any, path: str) -> str | bytes | None:
+def _perfetto(report: Any, path: str, summaries: bool) -> str | bytes | None:
     """The Perfetto file's content, or the UserError that says, in the CLI's words, why there is none; None when
-    no input could be read (the errors say why)."""
+    no input could be read (the errors say why). `summaries`: some ranks were read from summaries."""
     from overlapcheck.errors import UserError
     from overlapcheck.report.perfetto import PerfettoRenderer
 
     if not report.ranks and report.errors:
         return None
     if report.ranks and not report.timelines:
-        raise UserError("--perfetto: no rank has events to export: each was read from a summary without its trace")
+        why = (
+            "each was read from a summary without its trace"
+            if summaries
+            else "the traces hold no activity to draw (no GPU kernel or memcpy, and no CPU-side collective)"
+        )
+        raise UserError(f"--perfetto: no rank has events to export: {why}")
     return PerfettoRenderer.for_path(path).render(report)
 
 
