@@ -2932,3 +2932,34 @@ def test_perfetto_of_traces_without_activity_does_not_blame_summaries(tmp_path: 
     assert proc.returncode == 2 and "summary" not in proc.stderr, proc.stderr
     assert "no GPU kernel or memcpy, and no CPU-side collective" in proc.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_runs_closing_lines_say_what_an_incomplete_rank_holds_never_none(capsys: pytest.CaptureFixture[str]) -> None:
+    # was: "overlapcheck:   rank 1: None" for a rank whose capture ended early without an error
+    from overlapcheck.capture import session
+
+    window = {"first_step": 7, "last_step": 9}
+    doc = {
+        "world_size": 3,
+        "incomplete_ranks": [1, 2],
+        "ranks": [
+            {"rank": 0, "capture": {"status": "ok", "trace": "traces/rank0.pt.trace.json.gz", "complete": True}},
+            {
+                "rank": 1,
+                "capture": {
+                    "status": "ok",
+                    "trace": "t1",
+                    "complete": False,
+                    "error": None,
+                    **window,
+                    "steps_captured": {"first": 7, "last": 8},
+                },
+            },  # fmt: skip
+            {"rank": 2, "capture": {"status": "ok", "trace": "t2", "complete": False, **window}},
+        ],
+    }
+    session._tell("out", doc)
+    err = capsys.readouterr().err
+    assert "None" not in err, err
+    assert "rank 1: incomplete: its trace holds steps 7..8 of the window 7..9" in err
+    assert "rank 2: incomplete: its trace holds no whole step of the window 7..9" in err

@@ -323,7 +323,7 @@ def _tell(out: str, doc: dict[str, Any]) -> None:
         return
     ok = sum(1 for r in doc["ranks"] if r["capture"].get("trace"))
     failed = [
-        f"rank {r['rank']}: {r['capture'].get('error')}"
+        f"rank {r['rank']}: {_what_went_wrong(r['capture'])}"
         for r in doc["ranks"]
         if r["capture"].get("status") not in ("ok", "skipped") or not r["capture"].get("complete", True)
     ]
@@ -348,3 +348,17 @@ def _tell(out: str, doc: dict[str, Any]) -> None:
 def read_run(out: str) -> dict[str, Any] | None:
     """The run.json of a run folder (None when missing)."""
     return read_json(os.path.join(out, layout.RUN_JSON))
+
+
+def _what_went_wrong(capture: dict[str, Any]) -> str:
+    """A rank's line of `_tell`: its error, else which steps of the window its trace holds (a capture that ended
+    early has no error: it printed "rank 1: None")."""
+    if capture.get("error"):
+        return str(capture["error"])
+    window = f"{capture.get('first_step')}..{capture.get('last_step')}"
+    got = capture.get("steps_captured")
+    if isinstance(got, dict):
+        return f"incomplete: its trace holds steps {got.get('first')}..{got.get('last')} of the window {window}"
+    if capture.get("status") == "ok":
+        return f"incomplete: its trace holds no whole step of the window {window}"
+    return f"capture {capture.get('status') or 'not started'}, no error recorded"
