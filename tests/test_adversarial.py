@@ -2963,3 +2963,26 @@ def test_runs_closing_lines_say_what_an_incomplete_rank_holds_never_none(capsys:
     assert "None" not in err, err
     assert "rank 1: incomplete: its trace holds steps 7..8 of the window 7..9" in err
     assert "rank 2: incomplete: its trace holds no whole step of the window 7..9" in err
+
+
+def test_a_decode_error_deep_in_a_big_trace_shows_the_text_there_not_an_offset_into_a_chunk(tmp_path: Path) -> None:
+    # was: "expected ',' or '}' (byte 456245)" of an error 13,039,090 bytes into the file
+    events = [builders.step(0, 0, 100)] + [builders.kernel("sgemm", i, 1) for i in range(100_000)]
+    text = json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 1}})
+    text = text.replace('"ts": 90000,', '"ts": 9x0000,')
+    (tmp_path / "rank0.json").write_text(text)
+    proc = builders.run_cli("analyze", str(tmp_path / "rank0.json"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "near" in proc.stderr and '"ts": 9x0000' in proc.stderr and "(byte" not in proc.stderr, proc.stderr
+
+
+def test_a_lone_surrogate_in_the_metadata_is_read_as_in_events(tmp_path: Path) -> None:
+    # was: "malformed JSON around the event array (... surrogate pair ...)", exit 2, of valid JSON
+    events = [builders.step(0, 0, 100), builders.launch(1, 1), builders.kernel("sgemm\ud800", 3, 50, corr=1)]
+    doc = {"traceEvents": events, "distributedInfo": {"rank": 0, "world_size": 1, "backend": "nccl\ud800"}}
+    (tmp_path / "rank0.json").write_text(json.dumps(doc))  # json.dumps writes the escapes
+    report = overlapcheck.analyze(tmp_path / "rank0.json", jobs=1)
+    assert not report.errors and report.ranks[0].backend == "nccl\ufffd"
+    assert (
+        "2 lone UTF-16 surrogate escapes in strings (no Unicode character) were read as U+FFFD" in report.ranks[0].notes
+    )
