@@ -43,9 +43,17 @@ class _Group(click.Group):
         return module.command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
+        _open_standard_fds()
         _tolerant_streams()
-        sys.stdout = _PipeSafe(sys.stdout)
-        return super().main(*args, **kwargs)
+        out = sys.stdout = _PipeSafe(sys.stdout, "standard output")
+        sys.stderr = _PipeSafe(sys.stderr, "standard error")
+        try:
+            result = super().main(*args, **kwargs)
+        except SystemExit:
+            _check_written(out)
+            raise
+        _check_written(out)
+        return result
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra):
         try:
@@ -76,29 +84,63 @@ def _tolerant_streams() -> None:
                 reconfigure(errors="backslashreplace")
 
 
-class _PipeSafe:
-    """stdout that a closed reader (`gate report.json | head -1`) does not stop: the rest of what the command
-    writes goes to /dev/null, its files (--junit, --html) are still written and its exit code is its own. Click
-    turned the broken pipe into exit code 1, which CI cannot tell from a failed gate, and the JUnit file was lost."""
+def _open_standard_fds() -> None:
+    """A standard file descriptor the caller closed (`>&-`) is opened on /dev/null, so that no file the command
+    opens takes its number (a job's output, or a print, would land in a report being written)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                opened = os.open(os.devnull, os.O_RDWR)
+                if opened != fd:  # a lower descriptor was free too: it is opened in its own turn
+                    os.dup2(opened, fd)
+                    os.close(opened)
 
-    def __init__(self, stream: Any) -> None:
+
+class _PipeSafe:
+    """stdout or stderr that no failure of the file behind it stops. A closed reader (`gate report.json | head
+    -1`) is no failure: the rest goes to /dev/null, the command's files (--junit, --html) are still written and its
+    exit code is its own (click made it 1, which CI cannot tell from a failed gate). Any other failure (a full disk,
+    an I/O error, a stream closed before the command began) is remembered, and `_check_written` ends the command
+    with one line and exit code 2 once its files are written."""
+
+    def __init__(self, stream: Any, name: str) -> None:
+        self._name = name
+        self.failure: str | None = None
+        if stream is None:  # Python found the descriptor closed: it is /dev/null now
+            stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+            self._closed = True
+        else:
+            self._closed = False
         self._stream = stream
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
     def write(self, text: str) -> int:
+        if self._closed and text and self.failure is None:
+            self.failure = f"{self._name} is closed: nothing written to it"
         try:
             return int(self._stream.write(text))
-        except BrokenPipeError:
-            self._to_null()
+        except OSError as exc:
+            self._failed(exc)
             return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._to_null()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if not isinstance(exc, BrokenPipeError) and self.failure is None:
+            self.failure = f"cannot write to {self._name}: {exc.strerror or exc}"
+        self._to_null()
 
     def _to_null(self) -> None:
         """Point the stream's file descriptor at /dev/null, so that what is buffered, and the interpreter's flush
@@ -107,6 +149,14 @@ class _PipeSafe:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self._stream.fileno())
             os.close(null)
+
+
+def _check_written(out: _PipeSafe) -> None:
+    """What the command wrote to stdout is flushed; if it could not be written, one line and exit code 2."""
+    out.flush()
+    if out.failure is not None:
+        click.echo(f"overlapcheck: error: {out.failure}", err=True)
+        sys.exit(2)
 
 
 def _usage_error(exc: click.UsageError) -> NoReturn:

@@ -2986,3 +2986,35 @@ def test_a_lone_surrogate_in_the_metadata_is_read_as_in_events(tmp_path: Path) -
     assert (
         "2 lone UTF-16 surrogate escapes in strings (no Unicode character) were read as U+FFFD" in report.ranks[0].notes
     )
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("kind", ["analyze", "gate", "closed"])
+def test_a_stdout_that_cannot_be_written_is_one_line_and_exit_2_after_the_files(tmp_path: Path, kind: str) -> None:
+    # was: OSError (No space left on device) or AttributeError ('NoneType' ... 'writelines') tracebacks, exit 1/120
+    folder = job_folder(tmp_path / "job")
+    report = tmp_path / "report.json"
+    assert cli("analyze", str(folder), "-j", "1", "--format", "json", "-o", str(report))[0] == 0
+    args = {"analyze": ["analyze", str(folder), "-j", "1"], "closed": ["analyze", str(folder), "-j", "1", "-o", "-"],
+            "gate": ["gate", str(report), "--min-overlap", "all=0.1", "--junit", str(tmp_path / "j.xml")]}[kind]  # fmt: skip
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "overlapcheck", *args], stderr=subprocess.PIPE, text=True, timeout=120,
+            stdout=full if kind != "closed" else None, preexec_fn=(lambda: os.close(1)) if kind == "closed" else None,
+        )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    expected = "standard output is closed" if kind == "closed" else "cannot write to standard output: No space left"
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"overlapcheck: error: {expected}"), proc.stderr
+    if kind == "gate":
+        assert (tmp_path / "j.xml").is_file()  # the gate's files are written all the same
+
+
+def test_a_closed_stdout_takes_no_file_s_descriptor(tmp_path: Path) -> None:
+    # fd 1 closed by the caller: the report's temporary file would have been fd 1, the next print inside it
+    folder = job_folder(tmp_path / "job")
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "overlapcheck", "analyze", str(folder), "-j", "1", "-o", str(out)],
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["schema"]
