@@ -57,7 +57,7 @@ from overlapcheck.model import (
     ReportFormatError,
     Tool,
 )
-from overlapcheck.selection import API, CLI, MAX_NUMBER, Caller, Numbers
+from overlapcheck.selection import API, CLI, MAX_NUMBER, Caller, Numbers, how_many
 from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name, valid_world
 
@@ -757,7 +757,7 @@ def _absent_ranks(report: Report, options: Options) -> list[str]:
     """A note naming the selected ranks that are not in the report (`--ranks 1-5` of a 2-rank job): a partial
     selection is said, as an empty one is an error. Up to a million selected ranks are spelled out."""
     selected = options.ranks
-    if selected is None or len(selected) > 1_000_000:
+    if selected is None or how_many(selected) > 1_000_000:
         return []
     absent = set(selected) - {r.rank for r in report.ranks}
     if not absent:

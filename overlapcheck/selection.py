@@ -54,6 +54,11 @@ class Numbers(Set[int]):
         return lo < len(self.ranges) and self.ranges[lo][0] <= value
 
     def __len__(self) -> int:
+        return self.count  # OverflowError beyond sys.maxsize (0-9223372036854775807): ask `count` first
+
+    @property
+    def count(self) -> int:
+        """How many numbers, as a Python int (any size: `len` stops at 2^63-1)."""
         return sum(hi - lo + 1 for lo, hi in self.ranges)
 
     def __iter__(self) -> Iterator[int]:
@@ -66,6 +71,11 @@ class Numbers(Set[int]):
     def text(self, dash: str = "-") -> str:
         """'0-3,8' (as `format_numbers` writes a set)."""
         return ",".join(str(lo) if lo == hi else f"{lo}{dash}{hi}" for lo, hi in self.ranges)
+
+
+def how_many(numbers: Set[int]) -> int:
+    """How many numbers `numbers` holds, a Numbers of every int64 included."""
+    return numbers.count if isinstance(numbers, Numbers) else len(numbers)
 
 
 def parse_numbers(text: str, dash: str, option: str) -> Numbers:

@@ -3018,3 +3018,10 @@ def test_a_closed_stdout_takes_no_file_s_descriptor(tmp_path: Path) -> None:
                           stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["schema"]
+
+
+@pytest.mark.parametrize("ranks", ["0-9223372036854775807", "0-9223372036854775806,9223372036854775807"])
+def test_every_int64_rank_selected_is_the_whole_job_not_an_overflow(tmp_path: Path, ranks: str) -> None:
+    # was: OverflowError (cannot fit 'int' into an index-sized integer) from len() of the selection
+    code, out, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--ranks", ranks)
+    assert code == 0 and "Traceback" not in stderr and out, stderr
