@@ -174,6 +174,15 @@ def _is_stream(path: str) -> bool:
     return False
 
 
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether `a` and `b` name one file or folder (also through a link or another spelling); False where
+    either is missing or unreadable."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
 def is_nowhere(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is the null device: an output written there is discarded (nothing to replace)."""
     try:

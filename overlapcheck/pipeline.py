@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
-import importlib
 import math
 import operator
 import os
 import re
 import stat
-import warnings
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -57,6 +54,7 @@ from overlapcheck.model import (
     ReportFormatError,
     Tool,
 )
+from overlapcheck.rank_pattern import check_rank_pattern, rank_by_pattern
 from overlapcheck.selection import API, CLI, MAX_NUMBER, Caller, Numbers, how_many
 from overlapcheck.trace.model import TraceModel
 from overlapcheck.trace.reader import MAX_RANK, load_trace, rank_from_name, valid_world
@@ -486,140 +484,6 @@ def _precision_notes(model: TraceModel) -> list[str]:
         f"timestamps reach {largest:.3g} µs, where a float64 time moves in steps of {step:.3g} µs: durations and "
         "gaps shorter than that are lost or rounded (is the trace's clock in µs since the epoch or boot?)"
     ]
-
-
-def compile_rank_pattern(pattern: str, caller: Caller = CLI) -> re.Pattern[str]:
-    """The regex of --rank-from: its first group (else the whole match) must be the rank's digits. An empty one
-    matches nothing but '' in every path, and one that nests repetitions can take exponential time on a name:
-    refused once, not once per file. Errors name it as `caller` wrote it."""
-    if not pattern:
-        raise UserError(f"{caller.pattern('')} is empty: give a regular expression whose first group is the rank")
-    try:
-        regex = re.compile(pattern)
-    except (re.error, RecursionError, OverflowError) as exc:
-        raise UserError(f"{caller.pattern(pattern[:60])} is not a regular expression ({exc})") from None
-    shape = _exponential_shape(pattern)
-    if shape == "nested":
-        raise UserError(
-            f"{caller.pattern(pattern[:60])} nests repetitions, which can take exponential time on a file's "
-            "name (Python's re backtracks through every split): repeat once, as a+ for (a+)+"
-        )
-    if shape == "branches":
-        raise UserError(
-            f"{caller.pattern(pattern[:60])} repeats alternatives that can match alike, which can take exponential "
-            "time on a file's name (Python's re tries every way to split it among them): make them start "
-            "differently, as (?:a)+ for (a|a?)+"
-        )
-    return regex
-
-
-_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
-
-
-@functools.lru_cache(maxsize=64)
-def _exponential_shape(pattern: str) -> str | None:
-    """Whether an unbounded repeat of `pattern` holds another unbounded repeat (`(a+)+`, `(a*)*`, `(x|y+)*`), or
-    an alternation whose branches may start alike (`(a|a?)+`, `(ab|a)*`: the parser has already merged the
-    common prefixes and single characters of the rest): the shapes that backtrack exponentially. Read from the
-    parsed pattern: "nested", "branches", or None (also where the parser is unavailable)."""
-    parser = _regex_parser()
-    if parser is None:
-        return None
-    try:
-        tree = parser.parse(pattern)
-        unbounded = int(parser.MAXREPEAT)
-    except Exception:  # a private module: whatever it raises, the pattern compiled and is used as it is
-        return None
-    stack: list[tuple[Any, bool]] = [(tree, False)]
-    found: str | None = None
-    while stack:
-        node, inside = stack.pop()
-        for op, av in _items(node):
-            repeat = str(op) in _REPEATS and int(av[1]) == unbounded
-            if repeat and inside:
-                return "nested"
-            if inside and str(op) == "BRANCH" and not _distinct_starts(av[1]):
-                found = "branches"  # unless a nested repeat is found too: that one is named
-            backtracks = repeat and str(op) != "POSSESSIVE_REPEAT"  # a possessive repeat gives nothing back
-            stack.extend((sub, inside or backtracks) for sub in _subpatterns(av))
-    return found
-
-
-def _distinct_starts(branches: Any) -> bool:
-    """Whether every branch of an alternation starts with a literal character no other branch starts with."""
-    firsts = []
-    for branch in branches:
-        items = _items(branch)
-        if not items or str(items[0][0]) != "LITERAL":
-            return False
-        firsts.append(items[0][1])
-    return len(set(firsts)) == len(firsts)
-
-
-def _regex_parser() -> Any:
-    """Python's regex parser (re._parser from 3.11, sre_parse before), or None if neither is there."""
-    for name in ("re._parser", "sre_parse"):
-        with contextlib.suppress(ImportError), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return importlib.import_module(name)
-    return None
-
-
-def _items(node: Any) -> list[tuple[Any, Any]]:
-    """The (opcode, argument) items of a parsed subpattern."""
-    return list(getattr(node, "data", node))
-
-
-def _subpatterns(value: Any) -> Iterator[Any]:
-    """The subpatterns held anywhere in an item's argument (a group's body, a branch's alternatives, ...)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if hasattr(item, "data"):
-            yield item
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-
-
-def rank_by_pattern(path: str, pattern: str, caller: Caller = CLI) -> int:
-    """The rank --rank-from reads in `path` (searched in the file name, then in the whole path)."""
-    rank = _pattern_rank(path, compile_rank_pattern(pattern, caller))
-    if isinstance(rank, str):
-        raise UserError(f"{caller.pattern(pattern)} {rank}", path)
-    return rank
-
-
-def _pattern_rank(path: str, regex: re.Pattern[str]) -> int | str:
-    """The rank `regex` reads in `path`, or why it reads none."""
-    m = regex.search(os.path.basename(path)) or regex.search(path)
-    if m is None:
-        return "does not match this file's path"
-    text = (m.group(1) if regex.groups else m.group(0)) or ""  # an optional group may match nothing
-    if not (text and text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_RANK):
-        return f"matches {text[:40]!r}, not a rank number"
-    return int(text)
-
-
-def check_rank_pattern(traces: Sequence[str], pattern: str, caller: Caller = CLI) -> None:
-    """One UserError when `pattern` reads a rank in none of the traces' paths (else one error per file)."""
-    regex = compile_rank_pattern(pattern, caller)
-    reasons: list[str] = []
-    for path in traces:
-        if isinstance(why := _pattern_rank(path, regex), int):
-            return
-        reasons.append(why)
-    if not traces:
-        return
-    name = os.path.basename(traces[0])
-    if all(why.startswith("does not match") for why in reasons):
-        raise UserError(
-            f"{caller.pattern(pattern)} does not match any of the {len(traces)} traces' paths (such as {name}): "
-            "its first group (else the whole match) must be the rank's digits"
-        )
-    first = next(why for why in reasons if not why.startswith("does not match"))
-    raise UserError(
-        f"{caller.pattern(pattern)} reads no rank in any of the {len(traces)} traces' paths ({name}: {first})"
-    )
 
 
 def steps_note(steps: Set[int], metrics: RankMetrics) -> str:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -691,6 +692,22 @@ def test_gate_never_writes_over_its_report_or_baseline(tmp_path: Path, option: s
     assert ((tmp_path / "base.json").read_bytes(), (tmp_path / "r.json").read_bytes()) == before
     code, _, stderr = cli("baseline", "save", str(tmp_path / "r.json"), str(tmp_path / "r.json"), "--force")
     _refused_as_input(code, stderr)
+
+
+@pytest.mark.parametrize("spelling", ["same", "dot", "link"])
+def test_gate_refuses_a_baseline_that_is_the_report_itself(tmp_path: Path, spelling: str) -> None:
+    # was: `gate r.json --baseline r.json` compared the report with itself and always passed, silently
+    code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
+                     str(tmp_path / "r.json"))  # fmt: skip
+    assert code == 0
+    (tmp_path / "link.json").symlink_to(tmp_path / "r.json")
+    baseline = {"same": "r.json", "dot": "./r.json", "link": "link.json"}[spelling]
+    code, stdout, stderr = cli("gate", str(tmp_path / "r.json"), "--baseline", str(tmp_path / baseline))
+    assert code == 2 and stdout == "" and len(stderr.splitlines()) == 1, stderr
+    assert "is the report itself" in stderr, stderr
+    (tmp_path / "copy.json").write_bytes((tmp_path / "r.json").read_bytes())  # a saved copy is a baseline
+    code, _, stderr = cli("gate", str(tmp_path / "r.json"), "--baseline", str(tmp_path / "copy.json"))
+    assert code == 0, stderr
 
 
 # ---- round 3: ds_config values users really write ---------------------------------------------------------
@@ -2420,12 +2437,41 @@ def test_a_rank_from_without_nested_repetitions_is_read(tmp_path: Path, pattern:
 
 
 def test_a_rank_pattern_is_checked_without_the_private_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    from overlapcheck import pipeline
+    from overlapcheck import rank_pattern
 
-    monkeypatch.setattr(pipeline, "_regex_parser", lambda: None)
-    pipeline._exponential_shape.cache_clear()
-    assert pipeline.compile_rank_pattern("(a+)+c").pattern == "(a+)+c"  # no parser: no refusal, no crash
-    pipeline._exponential_shape.cache_clear()
+    monkeypatch.setattr(rank_pattern, "_regex_parser", lambda: None)
+    rank_pattern._exponential_shape.cache_clear()
+    assert rank_pattern.compile_rank_pattern("(a+)+c").pattern == "(a+)+c"  # no parser: no refusal, no crash
+    rank_pattern._exponential_shape.cache_clear()
+
+
+@pytest.mark.parametrize("pattern", [r"(\d*\d*\d*\d*\d*\d*\d*\d*\d*)X", r"gpu\d*\d*\d*\d*\d*\d*\d*\d*(\d+)X"])
+def test_a_rank_from_that_backtracks_polynomially_is_stopped_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pattern: str
+) -> None:
+    # was: sequential repeats over the same digits pass the shape check (none is nested, no alternation) and
+    # `--rank-from '(\d*\d*...\d*)X'` on gpu111...1.json.gz ran for hours (30^9 ways to split the digits)
+    from overlapcheck import rank_pattern
+
+    monkeypatch.setattr(rank_pattern, "MATCH_SECONDS", 1.0)
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / ("gpu" + "1" * 30 + ".json.gz")).write_bytes(gzip.compress(doc_bytes(rank=0, world=1)))
+    started = time.monotonic()
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--rank-from", pattern)
+    assert time.monotonic() - started < 30
+    assert code == 2 and stdout == "" and len(stderr.splitlines()) == 1, stderr
+    assert "took more than 1 s to search the traces' paths" in stderr and "gpu(\\d+)" in stderr, stderr
+    with pytest.raises(UserError, match="^rank_from=.* took more than 1 s"):
+        overlapcheck.analyze(folder, jobs=1, rank_from=pattern)
+
+
+def test_a_rank_from_is_searched_in_time_on_names_python_cannot_decode(tmp_path: Path) -> None:
+    from overlapcheck import rank_pattern
+
+    name = os.fsdecode(b"gpu7-\xff.json")  # a lone surrogate, as Python reads an undecodable name
+    assert rank_pattern._matches_in_time(r"gpu(\d+)", [str(tmp_path / name)], 10.0)
+    assert not rank_pattern._matches_in_time(r"(\d*\d*\d*\d*\d*\d*\d*\d*\d*\d*)X", ["1" * 40], 0.5)
 
 
 def test_a_rank_from_that_matches_no_path_is_one_line_written_as_typed(tmp_path: Path) -> None:

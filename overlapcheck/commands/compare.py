@@ -11,6 +11,7 @@ from overlapcheck.commands.analyze import SCHEDULER
 from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path, a_path, format_for
 from overlapcheck.errors import UserError
+from overlapcheck.fsutil import same_file
 from overlapcheck.model import Report
 
 FORMATS = click.Choice(["text", "json", "markdown", "html"])
@@ -41,14 +42,6 @@ def load_side(path: str, jobs: int | None = None, scheduler: str | None = None) 
     if not report.ranks:
         raise UserError("the report has no ranks: nothing to compare", path)
     return report
-
-
-def _same(before: str, after: str) -> bool:
-    """Whether BEFORE and AFTER name one file or folder (also through a link or another spelling)."""
-    try:
-        return os.path.samefile(before, after)
-    except OSError:
-        return False
 
 
 @click.command("compare", cls=OnceCommand)
@@ -123,7 +116,7 @@ def command(
     outputs += extra
     check_outputs([p for p, _ in outputs], force, inputs=[before, after])
     sides = load_side(before, jobs, scheduler), load_side(after, jobs, scheduler)
-    comparison = compare(*sides, distinct_by(), sources=(before, after), same_input=_same(before, after))
+    comparison = compare(*sides, distinct_by(), sources=(before, after), same_input=same_file(before, after))
     for path, name in outputs:
         atomic_write(path, compare_renderer(name).render(comparison), force)
     if not output:

@@ -99,7 +99,7 @@ def command(
       overlapcheck gate report.json --baseline base.json --junit gate.xml
     """
     from overlapcheck.commands.analyze import check_appendable, check_outputs
-    from overlapcheck.fsutil import atomic_write
+    from overlapcheck.fsutil import atomic_write, same_file
     from overlapcheck.report.junit import render_junit
     from overlapcheck.report.markdown import render_gate_markdown
     from overlapcheck.report.terminal import stdout_console
@@ -118,6 +118,12 @@ def command(
         raise UserError("--max-exposed-regression and --max-overlap-drop need --baseline BASE.json")
     if not (config.min_overlap or config.max_exposed_share is not None or baseline_path):
         raise UserError("nothing to check: give --baseline, --min-overlap or --max-exposed-share")
+    if baseline_path and same_file(report_path, baseline_path):
+        raise UserError(
+            "is the report itself: a report compared with itself always passes; give the baseline saved "
+            "from an earlier run (`overlapcheck baseline save`)",
+            baseline_path,
+        )
     outputs = [p for p in (junit_path, markdown_path) if p]
     inputs = [p for p in (report_path, baseline_path) if p]
     check_outputs(outputs, force, inputs=inputs)
