@@ -311,6 +311,69 @@ def sanitize_config(config: dict[str, Any], resolved: dict[str, Any] | None = No
     return clean, notes
 
 
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _texts(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _objects(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
+
+
+def _counts(value: object) -> bool:
+    return isinstance(value, list) and all(_count(v) for v in value)
+
+
+# run.json's fields as `overlapcheck run` writes them (capture/manifest.py merge), by the test each must pass;
+# null is allowed wherever the run may not know the value
+_RUN_FIELDS: dict[str, tuple[str, Any]] = {
+    "world_size": ("a positive integer", lambda v: _count(v) and 0 < v <= (1 << 31)),
+    "gpus_per_node": ("a positive integer", lambda v: _count(v) and v > 0),
+    "exit_code": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "ds_config": ("an object", lambda v: isinstance(v, dict)),
+    "profiler": ("an object", lambda v: isinstance(v, dict)),
+    "versions": ("an object", lambda v: isinstance(v, dict)),
+    "env": ("an object", lambda v: isinstance(v, dict)),
+    "status": ("a string", lambda v: isinstance(v, str)),
+    "launcher": ("a string", lambda v: isinstance(v, str)),
+    "hosts": ("a list of strings", _texts),
+    "notes": ("a list of strings", _texts),
+    "gpus": ("a list of strings", _texts),
+    "launches": ("a list of objects", _objects),
+    "ranks": ("a list of objects", _objects),
+    "errors": ("a list of objects", _objects),
+    "missing_ranks": ("a list of ranks", _counts),
+    "incomplete_ranks": ("a list of ranks", _counts),
+}
+
+
+def sanitize_run(run: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`run` without the fields that are not of the type `overlapcheck run` writes (`"world_size": "one"`, a
+    string of hosts), and one note naming them: such a field is ignored, not guessed at."""
+    bad = [
+        (key, what)
+        for key, (what, valid) in _RUN_FIELDS.items()
+        if key in run and run[key] is not None and not valid(run[key])
+    ]
+    if not bad:
+        return run, []
+    shown = "; ".join(f"{key} is {_shape(run[key])}, not {what}" for key, what in bad[:6])
+    more = f"; and {len(bad) - 6} more" if len(bad) > 6 else ""
+    clean = {k: v for k, v in run.items() if k not in dict(bad)}
+    return clean, [f"run.json: {shown}{more}: ignored (was it edited, or written by another tool?)"]
+
+
+def _shape(value: object) -> str:
+    """A short description of a JSON value for a note: its type, and the value itself when short."""
+    kinds = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    kind = kinds.get(type(value), type(value).__name__)
+    text = json.dumps(value, ensure_ascii=True) if not isinstance(value, list | dict) else ""
+    return f"{kind} {text[:40]}" if text and len(text) <= 40 else kind
+
+
 def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 

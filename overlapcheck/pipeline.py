@@ -42,7 +42,7 @@ from overlapcheck.diagnose.locate import finding_key
 from overlapcheck.errors import UserError
 from overlapcheck.executors import Outcome, executor
 from overlapcheck.fsutil import file_size, is_own_json, json_document, not_a_file, read_bytes, read_json_file
-from overlapcheck.job import JobContext, Network
+from overlapcheck.job import JobContext, Network, sanitize_run
 from overlapcheck.model import (
     Blame,
     CollectiveSignature,
@@ -359,6 +359,9 @@ def _read_documents(folder: str, found: Inputs, names: Sequence[str] = tuple(DOC
             doc = read_json_file(path, WHAT[name])
             if attr in ("ds_config", "run") and not isinstance(doc, dict):
                 raise UserError(f"{WHAT[name]} must be a JSON object", path)
+            if attr == "run" and isinstance(doc, dict):
+                doc, notes = sanitize_run(doc)
+                found.notes.extend(notes)
             setattr(found, attr, doc if isinstance(doc, dict) else None)
             found.documents.append(path)
 
@@ -637,6 +640,8 @@ def _missing_ranks(report: Report) -> list[str]:
     """A note naming the ranks of the job's world size that the report lacks (4 traces of a 16-rank job): its
     cross-rank figures are then of the ranks read. Not an error: one rank's trace is often analyzed on purpose."""
     worlds = {w for r in report.ranks if (w := valid_world(r.world_size)) is not None}
+    if not worlds and (stated := valid_world((report.run or {}).get("world_size"))) is not None:
+        worlds = {stated}  # traces that say no world size (torch 1.x, CPU runs): run.json's
     if len(worlds) != 1:
         return []
     (world,) = worlds

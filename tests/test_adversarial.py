@@ -1282,10 +1282,11 @@ def test_a_threshold_given_twice_with_two_values_is_refused(tmp_path: Path, opti
     # was: the later value won silently (`--min-overlap all=0.9 --min-overlap all=0.5` gated at 50% and passed)
     code, _, _ = cli("analyze", str(job_folder(tmp_path / "job")), "--format", "json", "-j", "1", "-o",
                      str(tmp_path / "r.json"))  # fmt: skip
-    report = str(tmp_path / "r.json")
-    code, _, stderr = cli("gate", report, "--baseline", report, option, "all=0.9", option, "all=0.5")
+    report, baseline = str(tmp_path / "r.json"), str(tmp_path / "baseline.json")
+    shutil.copyfile(report, baseline)
+    code, _, stderr = cli("gate", report, "--baseline", baseline, option, "all=0.9", option, "all=0.5")
     assert code == 2 and "all is given twice (0.9 and 0.5)" in stderr, stderr
-    code, _, stderr = cli("gate", report, "--baseline", report, option, "all=0.5", option, "all=50%")
+    code, _, stderr = cli("gate", report, "--baseline", baseline, option, "all=0.5", option, "all=50%")
     assert code in (0, 1), stderr  # the same value twice is no contradiction
 
 
@@ -3071,3 +3072,43 @@ def test_every_int64_rank_selected_is_the_whole_job_not_an_overflow(tmp_path: Pa
     # was: OverflowError (cannot fit 'int' into an index-sized integer) from len() of the selection
     code, out, stderr = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--ranks", ranks)
     assert code == 0 and "Traceback" not in stderr and out, stderr
+
+
+# ---- round 6: run.json fields of the wrong type ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("world_size", "one", 'world_size is a string "one", not a positive integer'),
+        ("world_size", -1, "world_size is a number -1, not a positive integer"),
+        ("ds_config", [1, 2], "ds_config is a list, not an object"),
+        ("hosts", "node0,node1", 'hosts is a string "node0,node1", not a list of strings'),
+        ("launches", 5, "launches is a number 5, not a list of objects"),
+        ("profiler", "on", 'profiler is a string "on", not an object'),
+        ("ranks", [1, "x"], "ranks is a list, not a list of objects"),
+    ],
+)
+def test_a_run_json_field_of_the_wrong_type_is_named_in_a_note(
+    tmp_path: Path, field: str, value: Any, said: str
+) -> None:
+    # was: `report` dropped each such field silently (world_size 'one', a string of hosts, launches 5)
+    folder = job_folder(tmp_path / "job")
+    (folder / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "world_size": 2, field: value}))
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json")
+    assert code == 0, stderr
+    notes = json.loads(stdout)["notes"]
+    assert any(said in n and "ignored" in n for n in notes), notes
+
+
+def test_run_json_s_world_size_names_the_missing_ranks_when_the_traces_say_none(tmp_path: Path) -> None:
+    # was: traces without distributedInfo.world_size (torch 1.x, CPU) never said that ranks 2-3 were missing
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for r in range(2):
+        (folder / f"rank{r}.json").write_bytes(doc_bytes(rank=r, world=None))
+    (folder / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "world_size": 4}))
+    code, stdout, stderr = cli("analyze", str(folder), "-j", "1", "--format", "json")
+    assert code == 0, stderr
+    notes = json.loads(stdout)["notes"]
+    assert any("rank(s) 2-3 of the job's world size 4 are not in this report" in n for n in notes), notes

@@ -314,6 +314,26 @@ def test_merge_builds_the_manifest_from_status_files(tmp_path):
     json.dumps(doc)
 
 
+def test_merge_of_status_files_with_fields_of_the_wrong_type_keeps_the_rest(tmp_path):
+    # was: int("one") or {**[...]} raised in merge(), after the job, and the launcher lost the job's exit code
+    out = str(tmp_path)
+    os.makedirs(tmp_path / "status")
+    bad = _rank_status(0, "ok", world_size="one", versions=["torch"], capture=["ok"], summary="done", env=7)
+    atomic_write_json(layout.rank_status_path(out, 0), {**bad, "errors": "none", "gpu": 5, "host": ["h0"]})
+    atomic_write_json(layout.rank_status_path(out, 1), _rank_status(1, "ok"))
+    atomic_write_json(layout.summary_status_path(out, 1), ["not", "a", "summary"])
+    (tmp_path / "status" / "rankfoo.summary.json").write_text("{}")
+    atomic_write_json(layout.launcher_status_path(out, 1), {**_launcher(1), "versions": "x", "finished_at": 3})
+    doc = manifest.merge(out, {**_launcher(0), "profiler": [1], "env": None})
+    assert doc["world_size"] == 3 and doc["missing_ranks"] == [2] and doc["hosts"] == ["h0", "h1"]
+    assert doc["versions"]["torch"] == "2.13.0" and doc["env"] == {}  # rank 0 leads; its env is no dict
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1] and doc["ranks"][0]["errors"] == []
+    assert {"source": os.path.join("status", "rank1.summary.json"), "error": "unreadable status file"} in doc["errors"]
+    plan = launchers.plan(["python", "train.py"], [])
+    assert isinstance(session.capture_notes(doc, plan, {}, 0), list)
+    json.dumps(doc)
+
+
 def test_merge_is_running_until_every_launcher_finished(tmp_path):
     os.makedirs(tmp_path / "status")
     atomic_write_json(layout.launcher_status_path(str(tmp_path), 1), _launcher(1, finished=False, code=None))

@@ -77,7 +77,8 @@ def test_baseline_regression_exit_1_and_junit_markdown(write, tmp_path):
 
 def test_baseline_unchanged_passes(write):
     base = write("base.json", report_doc(4))
-    result = gate(base, "--baseline", base)
+    current = write("current.json", report_doc(4))  # a copy: the report itself as its baseline is refused
+    result = gate(current, "--baseline", base)
     assert result.exit_code == 0
     # inputs, the world size, then exposed regression and overlap drop of all, reduce-scatter and all-gather
     assert "gate: PASS (8 checks)" in result.output

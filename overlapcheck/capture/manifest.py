@@ -22,6 +22,7 @@ from overlapcheck.job import RUN_SCHEMA
 
 SCHEMA = RUN_SCHEMA
 _RANK_FILE = re.compile(r"rank([0-9]+)\.json$")
+_SUMMARY_FILE = re.compile(r"rank([0-9]+)\.summary\.json$")
 _LAUNCHER_FILE = re.compile(r"launcher([0-9]+)\.json$")
 
 
@@ -49,11 +50,11 @@ def read_statuses(out: str) -> tuple[dict[int, dict], dict[int, dict], dict[int,
     for path in sorted(glob.glob(os.path.join(out, layout.STATUS_DIR, "*.json"))):
         name = os.path.basename(path)
         doc = read_json(path)
-        if doc is None:
+        if not isinstance(doc, dict):
             errors.append({"source": os.path.relpath(path, out), "error": "unreadable status file"})
             continue
-        if name.endswith(".summary.json"):
-            summaries[int(name[4 : -len(".summary.json")])] = doc
+        if m := _SUMMARY_FILE.match(name):
+            summaries[int(m.group(1))] = doc
         elif m := _RANK_FILE.match(name):
             ranks[int(m.group(1))] = doc
         elif m := _LAUNCHER_FILE.match(name):
@@ -63,14 +64,14 @@ def read_statuses(out: str) -> tuple[dict[int, dict], dict[int, dict], dict[int,
 
 def rank_entry(out: str, rank: int, status: dict, summary: dict | None) -> dict[str, Any]:
     """One rank's line in run.json: where it ran, whether its capture and summary succeeded."""
-    capture = dict(status.get("capture") or {})
+    capture = dict(_dict(status.get("capture")))
     trace = layout.trace_path(out, rank)
     capture["trace"] = os.path.relpath(trace, out) if os.path.isfile(trace) else None
     if capture.get("status") in ("waiting", "recording") and capture["trace"] is None:
         capture["error"] = capture.get("error") or (
             f"the rank stopped while its capture was {capture['status']!r} (killed, or the job failed)"
         )
-    summ = dict(status.get("summary") or {"status": "not_started"})
+    summ = dict(_dict(status.get("summary")) or {"status": "not_started"})
     if summary is not None:
         summ = {**summ, **summary}
     summ.pop("pid", None)
@@ -87,8 +88,25 @@ def rank_entry(out: str, rank: int, status: dict, summary: dict | None) -> dict[
         "gpu": status.get("gpu"),
         "capture": capture,
         "summary": summ,
-        "errors": status.get("errors") or [],
+        "errors": status.get("errors") if isinstance(status.get("errors"), list) else [],
     }
+
+
+# A status file is this tool's, yet may be cut short or edited: every field merge() reads is taken only where it
+# has the type the rank or launcher wrote, so that a bad one costs that field, never run.json (nor the job's
+# exit status, which the launcher returns after merging).
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _world(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1 << 31 else 0
 
 
 def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
@@ -98,13 +116,12 @@ def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
     first = launchers[min(launchers)]
     by_rank = [ranks[r] for r in sorted(ranks)]
     lead = by_rank[0] if by_rank else {}
-    world = max([int(s.get("world_size") or 0) for s in by_rank], default=0) or None
-    versions = {"cuda": None, "nccl": None, **first.get("versions", {})}
-    versions.update({k: v for k, v in (lead.get("versions") or {}).items() if v is not None})
-    ds_config = next((s["ds_config"] for s in by_rank if s.get("ds_config")), None)
-    hosts = sorted(
-        {h for h in [*(s.get("host") for s in by_rank), *(lt.get("host") for lt in launchers.values())] if h}
-    )
+    world = max([_world(s.get("world_size")) for s in by_rank], default=0) or None
+    versions = {"cuda": None, "nccl": None, **_dict(first.get("versions"))}
+    versions.update({k: v for k, v in _dict(lead.get("versions")).items() if v is not None})
+    ds_config = next((s["ds_config"] for s in by_rank if isinstance(s.get("ds_config"), dict)), None)
+    named = [*(s.get("host") for s in by_rank), *(lt.get("host") for lt in launchers.values())]
+    hosts = sorted({host for h in named if (host := _text(h))})
     unfinished = [n for n, lt in launchers.items() if lt.get("finished_at") is None]
     entries = [rank_entry(out, r, ranks[r], summaries.get(r)) for r in sorted(ranks)]
     return {
@@ -114,17 +131,17 @@ def merge(out: str, own_launcher: dict[str, Any]) -> dict[str, Any]:
         "command": first.get("command"),
         "launcher": first.get("kind"),
         "cwd": first.get("cwd"),
-        "started_at": min(lt.get("started_at") or "" for lt in launchers.values()) or None,
-        "finished_at": None if unfinished else max(lt.get("finished_at") or "" for lt in launchers.values()),
+        "started_at": min(_text(lt.get("started_at")) or "" for lt in launchers.values()) or None,
+        "finished_at": None if unfinished else max(_text(lt.get("finished_at")) or "" for lt in launchers.values()),
         "exit_code": first.get("exit_code"),
-        "profiler": {**first.get("profiler", {}), "cuda_sync_events": lead.get("cuda_sync_events")},
+        "profiler": {**_dict(first.get("profiler")), "cuda_sync_events": lead.get("cuda_sync_events")},
         "versions": versions,
-        "env": lead.get("env", first.get("env", {})),
+        "env": _dict(lead.get("env")) or _dict(first.get("env")),
         "ds_config": ds_config,
         "world_size": world,
         "backend": lead.get("backend"),
         "hosts": hosts,
-        "gpus": sorted({s["gpu"] for s in by_rank if s.get("gpu")}),
+        "gpus": sorted({gpu for s in by_rank if (gpu := _text(s.get("gpu")))}),
         "launches": [launchers[n] for n in sorted(launchers)],
         "ranks": entries,
         "missing_ranks": sorted(set(range(world or 0)) - set(ranks)),
