@@ -142,6 +142,12 @@ class JobContext:
             config = {k: v for k, v in config.items() if k not in (SIMULATOR_JOB_KEY, SIMULATOR_MODEL_KEY)}
             config, config_notes = sanitize_config(config, resolved if resolved is not config else None)
             notes += config_notes
+            if config and not DEEPSPEED_KEYS.intersection(config):
+                keys = ", ".join(sorted(str(k)[:40] for k in config)[:5]) + (", ..." if len(config) > 5 else "")
+                notes.append(
+                    f"the DeepSpeed config holds none of DeepSpeed's keys ({keys}): is it a ds_config? The "
+                    "diagnosis treats every key as unset"
+                )
         params, source = _parameters(sim_model), "config"
         if params is None:
             params, source = _parameters(_dict(model)), "model.json"
@@ -212,6 +218,21 @@ _STRINGS = (
     "zero_optimization.offload_optimizer.device",
     "zero_optimization.offload_param.device",
 )
+# DeepSpeed's top-level config keys (deepspeed/runtime/config.py, 0.9-0.19): a config without any is not one
+DEEPSPEED_KEYS = frozenset(
+    {
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
+        "optimizer", "scheduler", "fp16", "bf16", "amp", "gradient_clipping", "steps_per_print", "prescale_gradients",
+        "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
+        "wall_clock_breakdown", "memory_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+        "activation_checkpointing", "flops_profiler", "comms_logger", "timers", "tensorboard", "wandb",
+        "csv_monitor", "comet", "monitor_config", "aio", "checkpoint", "elasticity", "pipeline", "autotuning",
+        "compression_training", "data_efficiency", "data_types", "sparse_gradients", "sparse_attention",
+        "disable_allgather", "dump_state", "eigenvalue", "progressive_layer_drop", "curriculum_learning",
+        "hybrid_engine", "nebula", "compile", "weight_quantization", "torch_autocast", "dataloader_drop_last",
+        "load_universal_checkpoint", "use_data_before_expert_parallelism", "graph_harvesting",
+    }
+)  # fmt: skip
 MAX_CONFIG_NUMBER = 1e15  # far beyond any bucket, batch or parameter count; sizes computed from it stay finite
 AUTO = "auto"
 

@@ -3112,3 +3112,16 @@ def test_run_json_s_world_size_names_the_missing_ranks_when_the_traces_say_none(
     assert code == 0, stderr
     notes = json.loads(stdout)["notes"]
     assert any("rank(s) 2-3 of the job's world size 4 are not in this report" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("config", [{"model": "llama", "lr": 0.1}, {"zero_optimisation": {"stage": 3}}])
+def test_a_ds_config_with_none_of_deepspeeds_keys_is_named_in_a_note(tmp_path: Path, config: dict[str, Any]) -> None:
+    # was: a JSON object of another tool's (or a misspelt zero_optimization) was taken as an empty ds_config, silently
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    code, stdout, _ = cli("analyze", str(job_folder(tmp_path / "job")), "-j", "1", "--ds-config", str(path))
+    assert code == 0 and "holds none of DeepSpeed's keys" in " ".join(stdout.split()), stdout
+    report = overlapcheck.analyze(job_folder(tmp_path / "api", config=config), jobs=1)
+    assert any("none of DeepSpeed's keys" in n for n in report.notes or [])
+    kept = overlapcheck.analyze(job_folder(tmp_path / "ok", config={"train_batch_size": 8, **config}), jobs=1)
+    assert not any("none of DeepSpeed's keys" in n for n in kept.notes or [])

@@ -17,7 +17,8 @@ from overlapcheck.report.junit import render_junit
 from overlapcheck.report.markdown import render_gate_markdown
 from overlapcheck.report.present import safe, safe_line
 
-ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil.example\x1b\\link\x1b]8;;\x1b\\\x9b31m\r\x08"
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil.example\x1b\\link\x1b]8;;\x1b\\\x9b31m\r\x08\u202egpj.exe\u2066"
+BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
 def _hostile_report():
@@ -28,7 +29,7 @@ def _hostile_report():
 
 
 def _no_control(text: str) -> None:
-    bad = [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+    bad = [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c in BIDI]
     assert not bad, sorted(set(bad))
 
 
@@ -36,6 +37,9 @@ def test_safe_shows_control_characters_instead_of_running_them() -> None:
     assert safe("a\x1b[2Jb") == "a\\x1b[2Jb"
     assert safe_line("a\nb\tc\x07") == "a b c\\x07"
     assert safe("kernel<float>") == "kernel<float>"  # printable text is left alone
+    # a right-to-left override would show "report\u202egpj.exe" as "reportexe.jpg"
+    assert safe("a\u202eb\u2066c\u200fd") == "a\\u202eb\\u2066c\\u200fd"
+    assert safe("ünïcödé 名前") == "ünïcödé 名前"
 
 
 def test_text_and_markdown_outputs_carry_no_control_characters() -> None:

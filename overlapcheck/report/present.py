@@ -79,13 +79,20 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0/C1 controls (ANSI and OSC escapes start with them) and the bidirectional controls that reorder what a
+# reader sees ("Trojan Source": U+202A-U+202E, U+2066-U+2069, the marks U+200E, U+200F, U+061C)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def safe(text: object) -> str:
     """A string from a trace made safe for a terminal or a text file: control characters (ANSI and OSC
-    escapes among them) are shown as `\\xNN` instead of acting."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    escapes among them) and bidirectional overrides are shown as `\\xNN` / `\\uNNNN` instead of acting."""
+    return _CONTROL.sub(lambda m: _shown(m.group()), str(text))
 
 
 def safe_line(text: object) -> str:
