@@ -1319,6 +1319,21 @@ def test_simulate_force_never_replaces_a_folder_of_real_traces(tmp_path: Path) -
         assert code == 0, stderr
 
 
+@pytest.mark.parametrize("name", ["rank5.trace.json.gz", "rank0.trace.json.gz"])
+def test_simulate_force_never_deletes_a_real_trace_put_into_an_earlier_simulation(tmp_path: Path, name: str) -> None:
+    # was: truth.json made the folder the simulator's, and --force deleted every rank*.trace.json.gz in it
+    small = ["--steps", "1", "--nodes", "1", "--gpus-per-node", "1"]
+    sim = tmp_path / "sim"
+    assert cli("simulate", "--out", str(sim), *small)[0] == 0
+    real = sim / name
+    real.write_bytes((SAMPLES / "healthy" / "rank1.trace.json.gz").read_bytes())  # another rank, or a newer rank0
+    later = (sim / "truth.json").stat().st_mtime_ns + 10**9
+    os.utime(real, ns=(later, later))
+    code, _, stderr = cli("simulate", "--out", str(sim), *small, "--force")
+    assert code == 2 and name in stderr and "never deleted, even with --force" in stderr, stderr
+    assert real.read_bytes() == (SAMPLES / "healthy" / "rank1.trace.json.gz").read_bytes()
+
+
 @pytest.mark.parametrize("shape", [["--steps", "99999999999999999999"], ["--nodes", "1024", "--gpus-per-node", "64",
                                                                         "--steps", "1000"]])  # fmt: skip
 def test_simulate_steps_beyond_memory_are_refused_at_once(tmp_path: Path, shape: list[str]) -> None:

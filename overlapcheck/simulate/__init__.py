@@ -141,6 +141,27 @@ def _only_a_simulation(out: Path) -> None:
             f"{out} holds files that no simulation wrote (no simulator truth.json there), never replaced, even "
             "with --force: choose an empty or new folder"
         )
+    foreign = _foreign_traces(out, doc)
+    if foreign:
+        raise UserError(
+            f"{out / foreign[0]} is no trace of the simulation there (another rank, or written after its "
+            "truth.json), never deleted, even with --force: move it or choose another --out"
+        )
+
+
+def _foreign_traces(out: Path, truth: dict[str, Any]) -> list[str]:
+    """The rank*.trace.json.gz in an earlier simulation's folder that it did not write: a rank outside its world,
+    or a file changed after its truth.json (written last)."""
+    config: dict[str, Any] = truth["config"] if isinstance(truth.get("config"), dict) else {}
+    nodes, per_node = config.get("nodes"), config.get("gpus_per_node")
+    world = nodes * per_node if isinstance(nodes, int) and isinstance(per_node, int) else 0
+    ours = {trace_name(rank) for rank in range(min(world, 1 << 20))}
+    written = (out / "truth.json").stat().st_mtime_ns
+    return sorted(
+        p.name
+        for p in out.glob("rank*.trace.json.gz")
+        if p.name not in ours or (not p.is_symlink() and p.is_file() and p.stat().st_mtime_ns > written)
+    )
 
 
 def _make_folder(out: Path) -> None:
