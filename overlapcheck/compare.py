@@ -392,6 +392,15 @@ def compare(
         if report.errors:
             notes.append(f"{label}: {len(report.errors)} input(s) could not be read when it was analyzed")
 
+    # a side with no communication on any rank (no GPU kernels, an empty capture) has nothing to compare: its
+    # values are left out, never taken as zeros (an empty AFTER would read as every exposure removed)
+    empty = [label for label, used in zip(labels, (b_used, a_used), strict=True) if used and not _measured(used)]
+    if empty:
+        notes.append(
+            f"{' and '.join(empty)} measured no communication on any rank (no NCCL kernels or gloo collectives in "
+            "its traces: an empty capture, or a window with no collective?): nothing to compare"
+        )
+        b_used, a_used = ([] if "before" in empty else b_used), ([] if "after" in empty else a_used)
     kinds = [ALL, *(k for k in COLLECTIVE_KINDS if k in set(P.present_kinds(b_used)) | set(P.present_kinds(a_used)))]
     b_vals = [rank_values(r, kinds) for r in b_used]
     a_vals = [rank_values(r, kinds) for r in a_used]
@@ -428,7 +437,7 @@ def compare(
         )
     phases, phase_deltas = _phases(b_used, a_used, kinds)
     rank_deltas = []
-    if shared:
+    if shared and not empty:
         by_b = {v.rank: v for v in b_vals}
         by_a = {v.rank: v for v in a_vals}
         for r in shared:
@@ -460,13 +469,23 @@ def compare(
         findings=_match_findings(before, after, distinct_by),
     )
     verdict = verdict_line(result)
-    if b_world is not None and a_world is not None and b_world != a_world:
+    if empty:
+        verdict = (
+            f"Not comparable: {' and '.join(empty)} measured no communication (an empty capture?), so no change "
+            "can be told; compare again once both runs hold their communication kernels"
+        )
+    elif b_world is not None and a_world is not None and b_world != a_world:
         # said first: a world-size change moves every per-step number, whatever the change under test did
         verdict = (
             f"Not like for like: {labels[0]} ran on {b_world} ranks, {labels[1]} on {a_world} (another job?), so "
             f"step times and exposure differ for that alone. {verdict}"
         )
     return dataclasses.replace(result, verdict=verdict)
+
+
+def _measured(ranks: Sequence[RankMetrics]) -> bool:
+    """Whether any of `ranks` holds a collective."""
+    return any(r.collectives[ALL].count for r in ranks)
 
 
 def _world_size(report: Report) -> int | None:

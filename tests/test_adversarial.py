@@ -3140,3 +3140,22 @@ def test_a_ds_config_with_none_of_deepspeeds_keys_is_named_in_a_note(tmp_path: P
     assert any("none of DeepSpeed's keys" in n for n in report.notes or [])
     kept = overlapcheck.analyze(job_folder(tmp_path / "ok", config={"train_batch_size": 8, **config}), jobs=1)
     assert not any("none of DeepSpeed's keys" in n for n in kept.notes or [])
+
+
+@pytest.mark.parametrize("empty_side", ["after", "before"])
+def test_compare_with_a_run_that_measured_nothing_is_not_comparable(tmp_path: Path, empty_side: str) -> None:
+    # was: an empty AFTER read as every exposure removed: "✅ ... reduce-scatter exposed -5.32 ms/step (step -38 ms)"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for r in range(2):
+        (empty / f"rank{r}.json").write_text(json.dumps({"distributedInfo": {"rank": r, "world_size": 2},
+                                                          "traceEvents": []}))  # fmt: skip
+    real = SAMPLES / "straggler"
+    sides = [str(real), str(empty)] if empty_side == "after" else [str(empty), str(real)]
+    code, stdout, _ = cli("compare", *sides, "--format", "markdown")
+    assert code == 0 and stdout.startswith("### ℹ️"), stdout
+    assert f"Not comparable: {empty_side} measured no communication" in stdout and "ms/step (step" not in stdout
+    code, stdout, _ = cli("compare", *sides, "--format", "json")
+    doc = json.loads(stdout)
+    assert all(k["exposed_us_per_step"]["change"] is None for k in doc["kinds"]) and doc["ranks"] == []
+    assert any(f"{empty_side} measured no communication on any rank" in n for n in doc["notes"])

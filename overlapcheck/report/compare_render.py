@@ -207,7 +207,8 @@ class CompareMarkdownRenderer:
         total = c.kind(ALL)
         worse = total is not None and (total.exposed_us_per_step.change or 0.0) >= 100.0
         better = total is not None and (total.exposed_us_per_step.change or 0.0) <= -100.0
-        mark = "❌" if worse or c.changes("appeared") else "✅" if better else "ℹ️"
+        measured = total is not None and None not in (total.exposed_us_per_step.before, total.exposed_us_per_step.after)
+        mark = "ℹ️" if not measured else "❌" if worse or c.changes("appeared") else "✅" if better else "ℹ️"
         b, a = _cell(c.before.source or "before"), _cell(c.after.source or "after")
         lines = [f"### {mark} overlapcheck compare: {b} → {a}", "", _cell(c.verdict), ""]
         lines += [
