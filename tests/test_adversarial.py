@@ -3159,3 +3159,20 @@ def test_compare_with_a_run_that_measured_nothing_is_not_comparable(tmp_path: Pa
     doc = json.loads(stdout)
     assert all(k["exposed_us_per_step"]["change"] is None for k in doc["kinds"]) and doc["ranks"] == []
     assert any(f"{empty_side} measured no communication on any rank" in n for n in doc["notes"])
+
+
+def test_output_paths_in_confirmation_lines_cannot_act_on_the_terminal(tmp_path: Path) -> None:
+    # was: `--html $'\e]0;pwn\a.html'` echoed "HTML report: <the escape, raw>" to the terminal
+    evil = "o\x1b]0;pwn\x07\u202e\nx"
+    job = str(job_folder(tmp_path / "job"))
+    code, stdout, stderr = cli("analyze", job, "-j", "1", "--format", "json", "-o", str(tmp_path / "r.json"),
+                               "--html", str(tmp_path / f"{evil}.html"), "--perfetto", str(tmp_path / f"{evil}.json"))  # fmt: skip
+    assert code == 0, stderr
+    assert (tmp_path / f"{evil}.html").is_file() and (tmp_path / f"{evil}.json").is_file()
+    code, stdout2, _ = cli("baseline", "save", str(tmp_path / "r.json"), str(tmp_path / f"b{evil}.json"))
+    assert code == 0
+    code, stdout3, _ = cli("simulate", "--out", str(tmp_path / f"s{evil}"), "--steps", "1", "--nodes", "1",
+                           "--gpus-per-node", "1")  # fmt: skip
+    for text in (stdout + stderr, stdout2, stdout3):
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text and "\\x1b]0;pwn" in text, text
+        assert "\\x0ax" in text

@@ -19,6 +19,7 @@ from overlapcheck.capture.atomic import atomic_write_json, read_json
 from overlapcheck.capture.rankinfo import relevant_env
 from overlapcheck.capture.settings import ENV_NAMES, CaptureSettings
 from overlapcheck.errors import UserError
+from overlapcheck.report.present import safe_path
 
 
 def default_out() -> str:
@@ -318,7 +319,7 @@ def _tell(out: str, doc: dict[str, Any]) -> None:
     notes = list(doc.get("notes") or [])
     if not doc["ranks"]:
         why = notes[0] if notes else "nothing was captured"
-        print(f"overlapcheck: no rank traces in {out}: {why}", file=sys.stderr)
+        print(f"overlapcheck: no rank traces in {safe_path(out)}: {why}", file=sys.stderr)
         for line in notes[1:]:
             print(f"overlapcheck:   {line}", file=sys.stderr)
         return
@@ -329,7 +330,8 @@ def _tell(out: str, doc: dict[str, Any]) -> None:
         if r["capture"].get("status") not in ("ok", "skipped") or not r["capture"].get("complete", True)
     ]
     world = doc.get("world_size") or len(doc["ranks"])
-    print(f"overlapcheck: {ok}/{world} rank traces in {out}; next: overlapcheck report {out}", file=sys.stderr)
+    shown = safe_path(out)
+    print(f"overlapcheck: {ok}/{world} rank traces in {shown}; next: overlapcheck report {shown}", file=sys.stderr)
     incomplete = doc.get("incomplete_ranks") or []
     if incomplete:
         print(

@@ -10,6 +10,7 @@ import click
 
 from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path, a_path, format_for
+from overlapcheck.report.present import safe_path
 
 if TYPE_CHECKING:
     from overlapcheck.selection import Numbers
@@ -168,7 +169,7 @@ def run_report(
     if perfetto_path and timeline is not None:
         atomic_write(perfetto_path, timeline, force)
         missing = [r.rank for r in report.ranks if r.rank not in report.timelines]
-        click.echo(f"Perfetto trace: {perfetto_path} (open it in https://ui.perfetto.dev)", err=True)
+        click.echo(f"Perfetto trace: {safe_path(perfetto_path)} (open it in https://ui.perfetto.dev)", err=True)
         if missing:
             from overlapcheck.report.present import rank_ranges
 
@@ -186,7 +187,7 @@ def run_report(
             else None
         )
         atomic_write(html_path, HtmlRenderer(perfetto=link).render(report), force)
-        click.echo(f"HTML report: {html_path}", err=True)
+        click.echo(f"HTML report: {safe_path(html_path)}", err=True)
     if report.errors:
         from overlapcheck.report.present import safe_line
 

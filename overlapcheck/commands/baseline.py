@@ -6,6 +6,7 @@ import click
 
 from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path
+from overlapcheck.report.present import safe_path
 
 
 @click.group("baseline")
@@ -43,4 +44,5 @@ def save(report_path: str, baseline_path: str, force: bool) -> None:
         )
     atomic_write(baseline_path, raw, force)
     median = reduce_ranks(report, lambda r: r.overlap(), "median", higher_is_worse=False)
-    click.echo(f"saved baseline {baseline_path}: {len(report.ranks)} ranks, overlap (median) {pct(median.value)}")
+    shown = safe_path(baseline_path)
+    click.echo(f"saved baseline {shown}: {len(report.ranks)} ranks, overlap (median) {pct(median.value)}")

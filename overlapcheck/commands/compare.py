@@ -13,6 +13,7 @@ from overlapcheck.commands.paths import a_file_path, a_path, format_for
 from overlapcheck.errors import UserError
 from overlapcheck.fsutil import same_file
 from overlapcheck.model import Report
+from overlapcheck.report.present import safe_path
 
 FORMATS = click.Choice(["text", "json", "markdown", "html"])
 
@@ -130,4 +131,4 @@ def command(
             out = compare_renderer(fmt).render(comparison)
             sys.stdout.write(out if isinstance(out, str) else out.decode())
     for path, name in extra:
-        click.echo(f"{name}: {path}", err=True)
+        click.echo(f"{name}: {safe_path(path)}", err=True)

@@ -9,6 +9,7 @@ import click
 from overlapcheck.commands.once import OnceCommand
 from overlapcheck.commands.paths import a_file_path
 from overlapcheck.errors import UserError
+from overlapcheck.report.present import safe_path
 
 
 @click.command("simulate", cls=OnceCommand)
@@ -66,5 +67,5 @@ def command(scenario: str, out: str | None, list_presets: bool, force: bool, **o
         click.echo("\r\033[K", err=True, nl=False)
     # cost: the step time of this job minus that of the same job without the effect (a counterfactual run)
     causes = ", ".join(f"{c['rule']} ({c['cost_us'] / 1000:.2f} ms/step)" for c in truth["causes"]) or "none"
-    click.echo(f"wrote {len(truth['ranks'])} rank traces, truth.json and ds_config.json to {out}")
+    click.echo(f"wrote {len(truth['ranks'])} rank traces, truth.json and ds_config.json to {safe_path(out)}")
     click.echo(f"step time {truth['step_time_us'] / 1000:.2f} ms; planted causes: {causes}")

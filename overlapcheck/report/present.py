@@ -95,6 +95,12 @@ def safe(text: object) -> str:
     return _CONTROL.sub(lambda m: _shown(m.group()), str(text))
 
 
+def safe_path(path: object) -> str:
+    """A file name the user gave or a trace named, as a confirmation line shows it: `safe`, with its newlines and
+    tabs shown too (a name is never reflowed)."""
+    return safe(path).replace("\n", "\\x0a").replace("\t", "\\x09")
+
+
 def safe_line(text: object) -> str:
     """`safe`, on one line."""
     return safe(" ".join(str(text).split()))
