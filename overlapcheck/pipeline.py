@@ -491,9 +491,16 @@ def _precision_notes(model: TraceModel) -> list[str]:
 
 def steps_note(steps: Set[int], metrics: RankMetrics) -> str:
     """The note a step-restricted rank carries in its `notes` (docs/metrics.md, "Selected steps and ranks")."""
-    have = [s.step for s in metrics.steps]
+    have = {s.step for s in metrics.steps}
     text = f"analysis restricted to steps {format_numbers(steps)} (--steps): every number covers only them"
-    return text + ("" if have else "; none of them is in this trace")
+    if not have:
+        return text + "; none of them is in this trace"
+    wanted, found = how_many(steps), sum(1 for s in have if s in steps)
+    if found == wanted:
+        return text
+    if wanted <= 10_000:
+        return text + f"; step(s) {format_numbers({s for s in steps if s not in have})} not in this trace"
+    return text + f"; {found} of the {wanted:,} steps selected are in this trace"
 
 
 def format_numbers(numbers: Set[int], dash: str = "-") -> str:

@@ -3176,3 +3176,11 @@ def test_output_paths_in_confirmation_lines_cannot_act_on_the_terminal(tmp_path:
     for text in (stdout + stderr, stdout2, stdout3):
         assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text and "\\x1b]0;pwn" in text, text
         assert "\\x0ax" in text
+
+
+def test_a_selected_step_that_is_not_in_the_traces_is_named(tmp_path: Path) -> None:
+    # was: `--steps 5:6,9` on traces of steps 5-6 said "restricted to steps 5-6,9" and nothing of step 9
+    code, stdout, _ = cli("analyze", str(SAMPLES / "straggler"), "-j", "1", "--steps", "5:6,9")
+    assert code == 0 and "step(s) 9 not in this trace" in " ".join(stdout.split()), stdout
+    code, stdout, _ = cli("analyze", str(SAMPLES / "straggler"), "-j", "1", "--steps", "5:6")
+    assert code == 0 and "not in this trace" not in stdout
