@@ -187,6 +187,7 @@ def _drop_repeats(found: Inputs) -> None:
 
 
 TRACES_DIR = "traces"  # where `overlapcheck run` puts the traces of a run folder (capture/layout.py)
+STATUS_DIR = "status"  # and its ranks' status records, named like traces (rank0.json) and never traces
 
 
 def _scan_folder(folder: str, found: Inputs) -> None:
@@ -306,8 +307,11 @@ def _below(folder: str, names: list[str]) -> str:
     """'; sub/ holds 2 trace files: give that folder' for the first few subfolders of `folder` that hold
     traces (what a "no trace files" error lists), '' when none does. One level down, regular names only."""
     held: list[str] = []
+    run_folder = os.path.isfile(os.path.join(folder, "run.json"))
     for n in names:
         sub = os.path.join(folder, n)
+        if run_folder and n == STATUS_DIR:
+            continue
         if len(held) == 3 or not os.path.isdir(sub) or os.path.islink(sub):
             continue
         try:

@@ -3184,3 +3184,21 @@ def test_a_selected_step_that_is_not_in_the_traces_is_named(tmp_path: Path) -> N
     assert code == 0 and "step(s) 9 not in this trace" in " ".join(stdout.split()), stdout
     code, stdout, _ = cli("analyze", str(SAMPLES / "straggler"), "-j", "1", "--steps", "5:6")
     assert code == 0 and "not in this trace" not in stdout
+
+
+@pytest.mark.parametrize("traces", ["file", "missing"])
+def test_a_run_folder_whose_traces_is_no_folder_does_not_point_at_its_status_records(
+    tmp_path: Path, traces: str
+) -> None:
+    # was: "status/ holds 2 trace file(s): give that folder" where traces/ is a file or gone (status/rank0.json)
+    run = tmp_path / "run"
+    (run / "status").mkdir(parents=True)
+    if traces == "file":
+        (run / "traces").write_text("x")
+    (run / "run.json").write_text(json.dumps({"schema": "overlapcheck.run/1", "world_size": 2}))
+    for r in range(2):
+        (run / "status" / f"rank{r}.json").write_text(json.dumps({"rank": r, "world_size": 2}))
+    for cmd in ("report", "analyze"):
+        proc = builders.run_cli(cmd, str(run))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "give that folder" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
