@@ -271,6 +271,8 @@ def _problem(key: str, value: object) -> str | None:
         return "negative"
     if value > MAX_CONFIG_NUMBER:
         return f"larger than {MAX_CONFIG_NUMBER:.0e}"
+    if isinstance(value, float) and not value.is_integer():  # every key read is a count (5e8 is one)
+        return "not a whole number"
     return None
 
 

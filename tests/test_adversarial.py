@@ -3202,3 +3202,17 @@ def test_a_run_folder_whose_traces_is_no_folder_does_not_point_at_its_status_rec
         proc = builders.run_cli(cmd, str(run))
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert "give that folder" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_a_ds_config_count_that_is_not_a_whole_number_is_ignored_with_a_note(tmp_path: Path) -> None:
+    # was: reduce_bucket_size 0.5 was taken, and shown as "reduce_bucket_size 0"; 5e8 (a float in JSON) is a count
+    from overlapcheck.job import sanitize_config
+
+    config = {"zero_optimization": {"reduce_bucket_size": 0.5, "stage3_prefetch_bucket_size": 5e8}}
+    kept, notes = sanitize_config(config)
+    assert "reduce_bucket_size" not in kept["zero_optimization"]
+    assert kept["zero_optimization"]["stage3_prefetch_bucket_size"] == 5e8
+    assert notes == [
+        "ds_config zero_optimization.reduce_bucket_size = 0.5 is not a whole number: ignored (the diagnosis treats "
+        "it as unset)"
+    ]
